@@ -13,7 +13,7 @@ from actors.context import ContextExceeded, TokenConversation
 from actors.encoding import ChatEncoder
 from actors.protocols import Env, ExecOutput, Generation, InfraError, Policy
 from actors.templates import PromptTemplates, detect_submission
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("actors.agent")
 

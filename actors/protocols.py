@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from inference.generation import Generation
+
 if TYPE_CHECKING:
     from broker.wire import Sample
+
+__all__ = ["Env", "EvalOutcome", "ExecOutput", "Generation", "InfraError", "Policy", "SampleSink"]
 
 
 class InfraError(Exception):
@@ -19,16 +23,6 @@ class InfraError(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
-
-
-@dataclass
-class Generation:
-    ids: list[int]                 # exactly what the server generated (stop token included)
-    logprobs: list[float]          # one per id
-    finish: str                    # stop | length | abort
-    weight_version: str
-    text: str | None = None        # for parsing only; never re-tokenised
-    latency_s: float = 0.0
 
 
 class Policy(Protocol):

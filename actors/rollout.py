@@ -10,17 +10,16 @@ import os
 import socket
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from actors.backends import PoolEnv, ServerPolicy
 from actors.encoding import ChatEncoder
 from actors.episode import EpisodeJob, EpisodeResult, failure_samples, run_episode
 from actors.protocols import InfraError
+from actors.runtime import ActorRuntime
 from actors.templates import load_templates
-from broker.keys import PIN_TTL_S, Keys
-from swarl.config import SwarlConfig
-from swarl.logs import get_logger
+from broker.keys import PIN_TTL_S
+from common.logs import get_logger
 
 log = get_logger("actors.rollout")
 
@@ -34,27 +33,27 @@ def load_encoder(path: str) -> ChatEncoder:
 class Rollouts:
     """Everything one actor process shares between its concurrent episodes."""
 
-    def __init__(self, cfg: SwarlConfig, redis: Any, actor_id: str | None = None) -> None:
+    def __init__(self, rt: ActorRuntime, redis: Any, actor_id: str | None = None) -> None:
         from broker.admission import Admission
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.replay import ReplayWriter
         from envd.client import PoolClient
 
-        self.cfg, self.a, self.redis = cfg, cfg.actor, redis
-        self.keys = Keys(cfg.redis.prefix, cfg.run.id)
+        self.rt, self.a, self.redis = rt, rt.actor, redis
+        self.keys = rt.keys
         # systemd's actor@N sets SWARL_ACTOR_INSTANCE: the id then survives restarts
         instance = os.environ.get("SWARL_ACTOR_INSTANCE")
         self.actor_id = actor_id or f"{socket.gethostname()}:{instance or os.getpid()}"
         self.templates = load_templates(self.a.prompts)
-        self.admission = Admission(redis, self.keys, cfg.admission)
+        self.admission = Admission(redis, self.keys, rt.admission)
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
-        self.writer = ReplayWriter(redis, self.keys, batch=cfg.replay.write_batch)
-        if not cfg.pool.url:
+        self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
+        if not rt.pool_url:
             raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
-        self.pool = PoolClient(cfg.pool.url, cfg.envd.token, allocate_wait_s=self.a.allocate_wait_s)
+        self.pool = PoolClient(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
         self.api_key = self.a.inference_api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
-        self.traj_dir = Path(self.a.traj_dir or Path(cfg.run.dir) / "trajectories")
+        self.traj_dir = rt.traj_dir
         self.encoder: ChatEncoder | None = None
         self._enc_lock = asyncio.Lock()
         self.running = 0
@@ -64,7 +63,7 @@ class Rollouts:
     async def _encoder(self, policy: ServerPolicy | None) -> ChatEncoder:
         async with self._enc_lock:
             if self.encoder is None:
-                path = self.a.tokenizer or self.cfg.inference.model
+                path = self.rt.tokenizer
                 if not path and policy is not None:
                     info = await policy.model_info()
                     path = info.get("tokenizer_path") or info.get("model_path")
@@ -81,7 +80,7 @@ class Rollouts:
 
         for mod in ("transformers", "inference.client", "envd.client", "envd.images"):
             await asyncio.to_thread(importlib.import_module, mod)
-        if self.a.tokenizer or self.cfg.inference.model:
+        if self.rt.tokenizer:
             await self._encoder(None)
 
     async def _admit(self) -> None:
@@ -93,7 +92,7 @@ class Rollouts:
 
     async def _pin(self, pin_id: str) -> Any:
         current = await self.policies.current()
-        min_version = max(0, current - self.cfg.admission.max_staleness)
+        min_version = max(0, current - self.rt.admission.max_staleness)
         deadline = time.monotonic() + self.a.pin_wait_s
         while True:
             server = await self.servers.pin(pin_id, min_version=min_version, ttl_s=PIN_TTL_S)
@@ -119,7 +118,7 @@ class Rollouts:
         job = EpisodeJob.from_payload(payload)
         if await self.redis.sismember(self.keys.jobs_done, job.job_id):
             return {"skipped": "already done"}
-        final_try = job_try >= self.cfg.queue.max_tries
+        final_try = job_try >= self.rt.queue.max_tries
         pin_id = f"{self.actor_id}:{job.job_id}:{job_try}"
         admitted = produced = False
         server = policy = lease = None
@@ -216,7 +215,7 @@ class Rollouts:
             return
         from actors.artifacts import write_trajectory
 
-        meta = {"model": self.a.tokenizer or self.cfg.inference.model, "server": server.url,
+        meta = {"model": self.rt.tokenizer, "server": server.url,
                 "server_id": server.id, "policy_version": version,
                 "weight_versions": [s.weight_version for s in ep.agent.steps],
                 "sampling": self.a.sampling.model_dump(), "actor": self.actor_id,

@@ -26,9 +26,9 @@ _ENCODERS: dict[str, Any] = {}
 def actor_config(args: Any, sampling_params: dict[str, Any]) -> ActorConfig:
     path = getattr(args, "swarl_config", None)
     if path:
-        from swarl.config import load_config
+        from common.settings import load_section
 
-        cfg = load_config(path).actor
+        cfg = load_section(ActorConfig, path, "actor")
     else:
         cfg = ActorConfig()
     sp = cfg.sampling.model_copy(update={

@@ -13,37 +13,38 @@ import os
 import socket
 from typing import Any
 
-from swarl.config import SwarlConfig
-from swarl.logs import get_logger
+from actors.runtime import ActorRuntime
+from common.logs import get_logger
 
 log = get_logger("actors.worker")
 
 
-def build_settings(cfg: SwarlConfig, redis_url: str, concurrency: int) -> type:
+def build_settings(rt: ActorRuntime, concurrency: int) -> type:
     from actors.rollout import Rollouts
     from broker.connection import connect
-    from broker.keys import Keys
     from broker.registry import ActorRegistry
     from broker.tasks import worker_settings
 
-    keys = Keys(cfg.redis.prefix, cfg.run.id)
+    keys = rt.keys
+    assert rt.redis.url, "an actor needs a Redis URL"
+    redis_url = rt.redis.url
 
     async def beat(ctx: dict[str, Any]) -> None:
         reg, ro = ctx["actor_registry"], ctx["rollouts"]
         while True:
-            await asyncio.sleep(cfg.actor.heartbeat_s)
+            await asyncio.sleep(rt.actor.heartbeat_s)
             with contextlib.suppress(Exception):
                 await reg.heartbeat(ro.actor_id, ro.running, dict(ro.totals))
 
     async def on_startup(ctx: dict[str, Any]) -> None:
-        r = connect(redis_url, cfg.redis)
-        ro = Rollouts(cfg, r)
+        r = connect(redis_url, rt.redis)
+        ro = Rollouts(rt, r)
         await ro.warm_up()
         reg = ActorRegistry(r, keys)
         await reg.register(ro.actor_id, socket.gethostname(), os.getpid(), concurrency)
         ctx.update(actor_redis=r, rollouts=ro, actor_registry=reg)
         ctx["actor_beat"] = asyncio.create_task(beat(ctx))
-        log.info("actor_started", actor_id=ro.actor_id, concurrency=concurrency, run=cfg.run.id)
+        log.info("actor_started", actor_id=ro.actor_id, concurrency=concurrency, run=keys.run)
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         if (t := ctx.get("actor_beat")) is not None:
@@ -60,11 +61,11 @@ def build_settings(cfg: SwarlConfig, redis_url: str, concurrency: int) -> type:
     async def rollout(ctx: dict[str, Any], payload: dict[str, Any]) -> Any:
         return await ctx["rollouts"].run(payload, int(ctx.get("job_try", 1)))
 
-    return worker_settings(cfg, redis_url, rollout, on_startup=on_startup,
+    return worker_settings(rt.queue, keys, redis_url, rollout, on_startup=on_startup,
                            on_shutdown=on_shutdown, max_jobs=concurrency)
 
 
-async def run_actor(cfg: SwarlConfig, redis_url: str, concurrency: int) -> None:
+async def run_actor(rt: ActorRuntime, concurrency: int) -> None:
     import logging
 
     from arq.worker import create_worker
@@ -75,8 +76,8 @@ async def run_actor(cfg: SwarlConfig, redis_url: str, concurrency: int) -> None:
     for h in logging.getLogger("swarl").handlers:
         if h not in arq_log.handlers:
             arq_log.addHandler(h)
-    settings = build_settings(cfg, redis_url, concurrency)
-    worker = create_worker(settings, job_completion_wait=max(0, int(cfg.actor.shutdown_grace_s)))
+    settings = build_settings(rt, concurrency)
+    worker = create_worker(settings, job_completion_wait=max(0, int(rt.actor.shutdown_grace_s)))
     try:
         await worker.async_run()
     except asyncio.CancelledError:

@@ -20,7 +20,7 @@ from _record import markdown_table, record
 from broker.keys import Keys
 from broker.replay import ReplayReader, ReplayWriter
 from broker.wire import Sample, encode
-from swarl.services import start_redis
+from common.services import start_redis
 
 
 def make_samples(n: int, tokens: int) -> list[Sample]:
@@ -38,7 +38,7 @@ def make_samples(n: int, tokens: int) -> list[Sample]:
 
 
 async def swarl_round(r: aioredis.Redis, run: str, samples: list[Sample], batch: int) -> tuple[float, float]:
-    keys = Keys(run=run)
+    keys = Keys("swarl", run)
     w = ReplayWriter(r, keys, batch=batch)
     t0 = time.perf_counter()
     await w.add(samples)

@@ -27,7 +27,7 @@ import docker
 import httpx
 
 from _record import markdown_table, record
-from swarl.services import ensure_docker, free_port, wait_port
+from common.services import ensure_docker, free_port, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -84,7 +84,7 @@ def _raw_disk(tensors: list, k: int, tmp: Path) -> float:
 def _raw_gloo(tensors: list, k: int, tmp: Path, rounds: int = 2) -> float:
     import torch.distributed as dist
 
-    from swarl.services import free_port
+    from common.services import free_port
     from weight_sync.distributed import init_custom_process_group
 
     meta = tmp / "meta.json"
@@ -112,7 +112,6 @@ async def _swarl(transport: str, k: int, servers: list, redis_url: str, run_dir:
                  model_dir: Path, version0: int) -> tuple[float, int]:
     """Warm-up publish (groups, page cache), then a timed one; returns (seconds, next version)."""
     from broker.connection import connect
-    from broker.keys import Keys
     from broker.registry import ServerRegistry
     from swarl.config import load_config
     from weight_sync import make_publisher
@@ -124,8 +123,8 @@ async def _swarl(transport: str, k: int, servers: list, redis_url: str, run_dir:
                              f"weight_sync.api_key={API_KEY}", "weight_sync.keep_versions=2"],
                       environ={})
     redis = connect(redis_url)
-    keys = Keys(run="bench")
-    pub = make_publisher(cfg, redis, keys, str(model_dir))
+    keys = cfg.keys
+    pub = make_publisher(cfg.weight_sync, redis, keys, cfg.run.dir, str(model_dir), redis_cfg=cfg.redis)
     try:
         v = version0
         best = float("inf")
@@ -167,8 +166,8 @@ async def main(mb: float, ks: list[int]) -> None:
     except ImportError:
         from fixtures_inference import start_cpu_server
 
+    from common.services import start_redis
     from inference.tiny_model import init_tiny
-    from swarl.services import start_redis
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="swarl-bench-ws-"))

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 ACTOR_TTL_S = 30           # an actor's registry entry lives this long past its last heartbeat
 SERVER_TTL_S = 30          # an inference server's heartbeat goes stale after this
 PIN_TTL_S = 120            # a pin lives this long past its holder's last renewal
-LEASE_TTL_S = 300          # a pool lease lives this long past its last use / heartbeat
 ARQ_JOB_PREFIX = "arq:job:"
 ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
 ARQ_RESULT_PREFIX = "arq:result:"
@@ -23,8 +22,11 @@ ARQ_RETRY_PREFIX = "arq:retry:"
 
 @dataclass(frozen=True)
 class Keys:
-    prefix: str = "swarl"
-    run: str = "local"
+    """The key names of one run. Built from the config in one place (SwarlConfig.keys); every
+    process of a run must agree on both parts, so neither has a default."""
+
+    prefix: str
+    run: str
 
     @property
     def base(self) -> str:

@@ -8,14 +8,35 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from broker.keys import ACTOR_TTL_S, PIN_TTL_S, SERVER_TTL_S, Keys
 
 SERVER_STATES = ("starting", "ready", "draining", "updating", "failed")
+
+
+class ServerMeta(BaseModel):
+    """What an inference server registers about itself (the `meta` field of its hash). Every
+    registrar writes it and every reader validates it with this one model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["swarl-cpu", "sglang", "scripted"] = Field(
+        description="swarl's CPU server, a real SGLang server, or the scripted policy server.")
+    model: str = Field("", description="The model path the server started from.")
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks: a weight-update group gets one "
+                         "receiving rank per tensor-parallel rank of the server.")
+
+    @model_validator(mode="after")
+    def _sglang_names_its_tp_size(self) -> ServerMeta:
+        if self.kind == "sglang" and "tp_size" not in self.model_fields_set:
+            raise ValueError("tp_size: an SGLang server must register its tensor-parallel size "
+                             "(the weight-update group's world size depends on it)")
+        return self
 
 
 def _s(x: Any) -> str:
@@ -67,7 +88,8 @@ class ServerInfo:
     heartbeat: float
     pins: int = 0
     error: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: ServerMeta | None = None  # None: missing or invalid (meta_error says why)
+    meta_error: str = ""
     age_s: float = 0.0
 
     @property
@@ -88,27 +110,30 @@ class ServerRegistry:
     if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'heartbeat', tostring(now)) end
     return 1
     """
+    # KEYS[1]: the server set; then per candidate i: KEYS[2i] its hash, KEYS[2i+1] its pins.
+    # ARGV: pin_id, min_version, ttl_s, stale_s, then the candidates' ids in the same order.
     _PIN = _now_lua() + """
-    local base, pin_id, min_v = ARGV[1], ARGV[2], tonumber(ARGV[3])
-    local ttl, stale = tonumber(ARGV[4]), tonumber(ARGV[5])
-    local best, best_v, best_n = nil, -1, 0
-    for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-      local h = base .. ':server:' .. id
-      local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat')
-      if f[1] == 'ready' and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
-        local v = tonumber(f[2])
-        if v and v >= min_v then
-          local pk = h .. ':pins'
-          redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
-          local n = redis.call('ZCARD', pk)
-          if best == nil or v > best_v or (v == best_v and n < best_n) then
-            best, best_v, best_n = id, v, n
+    local pin_id, min_v = ARGV[1], tonumber(ARGV[2])
+    local ttl, stale = tonumber(ARGV[3]), tonumber(ARGV[4])
+    local best, best_pins, best_v, best_n = nil, nil, -1, 0
+    for i = 5, #ARGV do
+      local id, h, pk = ARGV[i], KEYS[2 * (i - 4)], KEYS[2 * (i - 4) + 1]
+      if redis.call('SISMEMBER', KEYS[1], id) == 1 then
+        local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat')
+        if f[1] == 'ready' and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
+          local v = tonumber(f[2])
+          if v and v >= min_v then
+            redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+            local n = redis.call('ZCARD', pk)
+            if best == nil or v > best_v or (v == best_v and n < best_n) then
+              best, best_pins, best_v, best_n = id, pk, v, n
+            end
           end
         end
       end
     end
     if best == nil then return false end
-    redis.call('ZADD', base .. ':server:' .. best .. ':pins', now + ttl, pin_id)
+    redis.call('ZADD', best_pins, now + ttl, pin_id)
     return best
     """
     _RENEW = _now_lua() + """
@@ -119,12 +144,16 @@ class ServerRegistry:
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     return redis.call('ZCARD', KEYS[1])
     """
+    # KEYS[1]: the server set; then per server i: KEYS[2i] its hash, KEYS[2i+1] its pins.
+    # ARGV: the servers' ids in the same order.
     _LIST = _now_lua() + """
     local out = {}
-    for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-      local h = ARGV[1] .. ':server:' .. id
-      redis.call('ZREMRANGEBYSCORE', h .. ':pins', '-inf', now)
-      table.insert(out, {id, redis.call('HGETALL', h), redis.call('ZCARD', h .. ':pins')})
+    for i = 1, #ARGV do
+      local h, pk = KEYS[2 * i], KEYS[2 * i + 1]
+      if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 1 then
+        redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+        table.insert(out, {ARGV[i], redis.call('HGETALL', h), redis.call('ZCARD', pk)})
+      end
     end
     return {tostring(now), out}
     """
@@ -137,20 +166,29 @@ class ServerRegistry:
         self._count = redis.register_script(self._COUNT)
         self._list = redis.register_script(self._LIST)
 
+    def _server_keys(self, ids: list[str]) -> list[str]:
+        out = [self.keys.servers]
+        for sid in ids:
+            out += [self.keys.server(sid), self.keys.server_pins(sid)]
+        return out
+
+    async def _ids(self) -> list[str]:
+        return sorted(_s(x) for x in await self.redis.smembers(self.keys.servers))
+
     async def _set(self, server_id: str, beat: bool, **fields: Any) -> None:
         """Write fields; only the server's own calls (beat=True) refresh its heartbeat, so a dead
         server that the coordinator marks failed still goes stale on time."""
         args: list[Any] = [server_id, "1" if beat else "0"]
         for k, v in fields.items():
             if v is not None:
-                args += [k, json.dumps(v) if k == "meta" else str(v)]
+                args += [k, str(v)]
         await self._upsert(keys=[self.keys.servers, self.keys.server(server_id)], args=args)
 
-    async def register(self, server_id: str, url: str, version: int | None, state: str = "starting",
-                       meta: dict[str, Any] | None = None) -> None:
+    async def register(self, server_id: str, url: str, version: int | None, *, meta: ServerMeta,
+                       state: str = "starting") -> None:
         _check_state(state)
         await self._set(server_id, True, url=url, version="" if version is None else version, state=state,
-                        error="", meta=meta or {}, host=socket.gethostname())
+                        error="", meta=meta.model_dump_json(), host=socket.gethostname())
 
     async def heartbeat(self, server_id: str, version: int | None = None, state: str | None = None) -> None:
         if state is not None:
@@ -162,7 +200,8 @@ class ServerRegistry:
         await self._set(server_id, False, state=state, version=version, error=error)
 
     async def list(self, alive_only: bool = False) -> list[ServerInfo]:
-        now_raw, rows = await self._list(keys=[self.keys.servers], args=[self.keys.base])
+        ids = await self._ids()
+        now_raw, rows = await self._list(keys=self._server_keys(ids), args=ids)
         now = float(_s(now_raw))
         out = []
         for sid, flat, pins in rows:
@@ -189,8 +228,9 @@ class ServerRegistry:
     async def pin(self, pin_id: str, min_version: int = 0, ttl_s: float = PIN_TTL_S) -> ServerInfo | None:
         """Bind an episode to the ready server with the newest version (>= min_version), then
         the fewest live pins. None when no server qualifies."""
-        sid = await self._pin(keys=[self.keys.servers],
-                              args=[self.keys.base, pin_id, min_version, ttl_s, SERVER_TTL_S])
+        ids = await self._ids()
+        sid = await self._pin(keys=self._server_keys(ids),
+                              args=[pin_id, min_version, ttl_s, SERVER_TTL_S, *ids])
         if not sid:
             return None
         return await self.get(_s(sid))
@@ -214,10 +254,16 @@ def _check_state(state: str) -> None:
 def _server_info(sid: str, h: dict[str, str], pins: int, now: float) -> ServerInfo:
     hb = float(h.get("heartbeat") or 0)
     ver = h.get("version", "")
+    meta, meta_error = None, ""
+    try:
+        meta = ServerMeta.model_validate_json(h.get("meta") or "")
+    except ValidationError as e:
+        meta_error = "; ".join(".".join(["meta", *map(str, x["loc"])]) + f": {x['msg']}"
+                               for x in e.errors())
     return ServerInfo(
         id=sid, url=h.get("url", ""), version=int(ver) if ver.lstrip("-").isdigit() else None,
         state=h.get("state", "starting"), heartbeat=hb, pins=pins, error=h.get("error", ""),
-        meta=json.loads(h["meta"]) if h.get("meta") else {}, age_s=max(0.0, now - hb),
+        meta=meta, meta_error=meta_error, age_s=max(0.0, now - hb),
     )
 
 

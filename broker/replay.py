@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from broker.keys import Keys
 from broker.wire import Sample, WireError, decode, encode
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("broker.replay")
 FIELD = b"s"

@@ -24,9 +24,10 @@ from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 from arq.worker import Retry, func
 
+from broker.config import QueueConfig
 from broker.connection import SENTINEL_SCHEMES, _sentinel_parts
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("broker.tasks")
 JOB_FUNCTION = "rollout"
@@ -121,7 +122,7 @@ async def _renew_claim(redis: aioredis.Redis, job_id: str, ttl_ms: int, every_s:
         await asyncio.sleep(every_s)
 
 
-def worker_settings(cfg: Any, redis_url: str, rollout: Rollout, on_startup: Any = None,
+def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout, on_startup: Any = None,
                     on_shutdown: Any = None, max_jobs: int = 4) -> type:
     """An arq WorkerSettings class running `rollout(ctx, payload)` for each job.
 
@@ -129,8 +130,6 @@ def worker_settings(cfg: Any, redis_url: str, rollout: Rollout, on_startup: Any 
     (arq Retry); on the last try (or after a worker died on it max_tries times) the job is
     recorded in jobs:failed with its reason and completed.
     """
-    q = cfg.queue
-    keys = Keys(cfg.redis.prefix, cfg.run.id)
     ttl_ms = int(q.claim_ttl_s * 1000)
 
     async def run_rollout(ctx: dict[str, Any], payload: dict[str, Any]) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarl.configbase import Section
+from common.settings import Section
 
 
 class EnvdConfig(Section):

@@ -21,8 +21,11 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from broker.config import RedisConfig
 from broker.keys import Keys
+from common.logs import get_logger
 from envd import httputil
+from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
     LABEL_LEASE,
@@ -36,8 +39,6 @@ from envd.httputil import ApiError
 from envd.leases import LeaseStore, MemoryLeases, RedisLeases, connect_redis
 from envd.metrics import CONTENT_TYPE_LATEST, EnvdMetrics, generate_latest
 from envd.schemas import ContainerReq, CreateReq, DiffReq, EvaluateReq, ExecReq
-from swarl.config import SwarlConfig
-from swarl.logs import get_logger
 
 log = get_logger("envd")
 T = TypeVar("T")
@@ -89,12 +90,13 @@ def _apply_commands() -> list[str]:
 
 
 class Envd:
-    def __init__(self, cfg: SwarlConfig, node_id: str, docker_url: str) -> None:
-        self.cfg = cfg
-        self.ecfg = cfg.envd
+    def __init__(self, ecfg: EnvdConfig, node_id: str, docker_url: str, keys: Keys,
+                 redis: RedisConfig | None = None) -> None:
+        self.ecfg = ecfg
+        self.redis = redis
         self.node_id = node_id
         self.docker_url = docker_url
-        self.keys = Keys(run=cfg.run.id)
+        self.keys = keys
         self.metrics = EnvdMetrics()
         self.limiter = anyio.CapacityLimiter(self.ecfg.exec_threads)
         self.backend: DockerBackend | None = None
@@ -105,8 +107,8 @@ class Envd:
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.backend = DockerBackend(self.ecfg, self.node_id, self.docker_url)
-        if self.cfg.redis.url and self.ecfg.leases_in_redis:
-            self.leases = RedisLeases(connect_redis(self.cfg.redis.url, self.cfg.redis), self.keys, self.node_id)
+        if self.redis is not None and self.redis.url and self.ecfg.leases_in_redis:
+            self.leases = RedisLeases(connect_redis(self.redis.url, self.redis), self.keys, self.node_id)
         await self.reclaim()
         self._reaper = asyncio.create_task(self._reap_loop(), name="envd-reaper")
         log.info("envd_started", node_id=self.node_id, docker=self.docker_url,
@@ -326,8 +328,10 @@ class Envd:
         return text if len(text) <= n else text[-n:]
 
 
-def create_app(cfg: SwarlConfig, token: str | None, node_id: str, docker_url: str) -> FastAPI:
-    envd = Envd(cfg, node_id, docker_url)
+def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str, keys: Keys,
+               redis: RedisConfig | None = None) -> FastAPI:
+    """The envd app; with `redis` (its url set) and envd.leases_in_redis, leases live in Redis."""
+    envd = Envd(cfg, node_id, docker_url, keys, redis)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -339,7 +343,7 @@ def create_app(cfg: SwarlConfig, token: str | None, node_id: str, docker_url: st
 
     app = FastAPI(title="swarl envd", lifespan=lifespan)
     app.state.envd = envd
-    httputil.install(app, token, cfg.envd.max_body_bytes,
+    httputil.install(app, token, cfg.max_body_bytes,
                      on_error=lambda path, status: envd.metrics.errors.labels(path, str(status)).inc())
 
     @app.get("/healthz")
@@ -386,7 +390,7 @@ def create_app(cfg: SwarlConfig, token: str | None, node_id: str, docker_url: st
     async def diff(req: DiffReq) -> dict[str, Any]:
         c = envd.lookup(req.container_id)
         out = await envd.exec(c, "git add -A && git diff --cached", req.cwd, {}, DIFF_TIMEOUT_S,
-                              cap=cfg.envd.max_body_bytes)
+                              cap=cfg.max_body_bytes)
         ok = out.returncode == 0
         return {"ok": True, "patch": out.output if ok else "", "returncode": out.returncode,
                 "error": "" if ok else out.output[-2000:]}

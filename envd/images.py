@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 if TYPE_CHECKING:  # docker is heavy to import; commands import it when they run
     import docker

@@ -24,14 +24,15 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from broker.config import RedisConfig
 from broker.keys import Keys
+from common.logs import get_logger
 from envd import httputil
+from envd.config import EnvdConfig, PoolConfig
 from envd.httputil import ApiError
 from envd.leases import connect_redis
 from envd.metrics import CONTENT_TYPE_LATEST, PoolMetrics, generate_latest
 from envd.schemas import AllocateReq, LeaseReq, NodeReq, PoolDiffReq, PoolEvaluateReq, PoolExecReq
-from swarl.config import SwarlConfig
-from swarl.logs import get_logger
 
 log = get_logger("pool")
 
@@ -115,10 +116,10 @@ def _s(v: bytes | str) -> str:
 class PoolState:
     """The pool's Redis state; every change is one command or one Lua script."""
 
-    def __init__(self, redis, keys: Keys, cfg: SwarlConfig) -> None:  # redis.asyncio.Redis
+    def __init__(self, redis, keys: Keys, pcfg: PoolConfig) -> None:  # redis.asyncio.Redis
         self.redis = redis
         self.keys = keys
-        self.pcfg = cfg.pool
+        self.pcfg = pcfg
         self._reserve = redis.register_script(_RESERVE)
         self._release = redis.register_script(_RELEASE)
         self._health = redis.register_script(_HEALTH)
@@ -127,8 +128,10 @@ class PoolState:
         self.lease_prefix = keys.pool_lease("")
 
     @classmethod
-    async def open(cls, cfg: SwarlConfig, redis_url: str) -> PoolState:
-        return cls(connect_redis(redis_url, cfg.redis), Keys(run=cfg.run.id), cfg)
+    async def open(cls, pcfg: PoolConfig, redis: RedisConfig, keys: Keys) -> PoolState:
+        """`redis.url` must be set."""
+        assert redis.url, "the pool needs a Redis URL"
+        return cls(connect_redis(redis.url, redis), keys, pcfg)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -204,10 +207,10 @@ class PoolState:
 
 
 class Pool:
-    def __init__(self, cfg: SwarlConfig, redis_url: str, node_token: str | None) -> None:
-        self.cfg = cfg
-        self.pcfg = cfg.pool
-        self.redis_url = redis_url
+    def __init__(self, pcfg: PoolConfig, ecfg: EnvdConfig, redis: RedisConfig, keys: Keys,
+                 node_token: str | None) -> None:
+        self.pcfg, self.ecfg = pcfg, ecfg
+        self.redis, self.keys = redis, keys
         self.node_token = node_token
         self.metrics = PoolMetrics()
         self.state: PoolState | None = None
@@ -215,7 +218,7 @@ class Pool:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self.state = await PoolState.open(self.cfg, self.redis_url)
+        self.state = await PoolState.open(self.pcfg, self.redis, self.keys)
         headers = {"Authorization": f"Bearer {self.node_token}"} if self.node_token else {}
         limits = httpx.Limits(max_connections=self.pcfg.max_concurrent * 2,
                               max_keepalive_connections=self.pcfg.max_concurrent)
@@ -314,7 +317,7 @@ class Pool:
                         json={"image": req.image, "lease": lease_id, "ttl_s": 2 * self.pcfg.lease_ttl_s,
                               "labels": {"swarl.pool_owner": req.owner or "",
                                          "swarl.instance": req.instance_id[:200]}},
-                        timeout=self.cfg.envd.create_timeout_s + 10)
+                        timeout=self.ecfg.create_timeout_s + 10)
                 except httpx.HTTPError as e:
                     await self.state.release(lease_id)
                     await self.state.set_health(node, False, repr(e))
@@ -404,8 +407,10 @@ def _json(r: httpx.Response) -> dict[str, Any]:
         return {"error": r.text[:500]}
 
 
-def create_app(cfg: SwarlConfig, redis_url: str, token: str | None, node_token: str | None) -> FastAPI:
-    pool = Pool(cfg, redis_url, node_token)
+def create_app(cfg: PoolConfig, envd_cfg: EnvdConfig, redis: RedisConfig, keys: Keys,
+               token: str | None, node_token: str | None) -> FastAPI:
+    """The pool app: state in Redis (`redis.url` set) under `keys`; `node_token` for the nodes."""
+    pool = Pool(cfg, envd_cfg, redis, keys, node_token)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -417,8 +422,8 @@ def create_app(cfg: SwarlConfig, redis_url: str, token: str | None, node_token: 
 
     app = FastAPI(title="swarl pool", lifespan=lifespan)
     app.state.pool = pool
-    httputil.install(app, token, cfg.pool.max_body_bytes)
-    grace = cfg.envd.kill_grace_s + 30
+    httputil.install(app, token, cfg.max_body_bytes)
+    grace = envd_cfg.kill_grace_s + 30
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -437,7 +442,7 @@ def create_app(cfg: SwarlConfig, redis_url: str, token: str | None, node_token: 
 
     @app.post("/heartbeat")
     async def heartbeat(req: LeaseReq) -> dict[str, Any]:
-        await pool.forward(req.lease_id, "/container/heartbeat", {}, cfg.pool.node_timeout_s)
+        await pool.forward(req.lease_id, "/container/heartbeat", {}, cfg.node_timeout_s)
         assert pool.state
         return {"ok": True, "expires": await pool.state.renew(req.lease_id)}
 
@@ -453,7 +458,7 @@ def create_app(cfg: SwarlConfig, redis_url: str, token: str | None, node_token: 
     @app.post("/evaluate")
     async def evaluate(req: PoolEvaluateReq) -> dict[str, Any]:
         body = req.model_dump(include={"patch", "eval_script", "instance", "cwd", "timeout"})
-        timeout = min(req.timeout, cfg.envd.eval_timeout_s) + cfg.envd.create_timeout_s + 2 * grace
+        timeout = min(req.timeout, envd_cfg.eval_timeout_s) + envd_cfg.create_timeout_s + 2 * grace
         return await pool.forward(req.lease_id, "/container/evaluate", body, timeout)
 
     @app.post("/close")

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from common.http import BearerAuth
+
+# As SGLang's add_api_key_middleware: health probes and metrics are served to anyone.
+OPEN_PATHS = ("/health", "/metrics")
 
 
 class ApiError(Exception):
@@ -87,6 +94,15 @@ class AbortReq(_Body):
 class GetWeightsByNameReq(_Body):
     name: str
     truncate_size: int = Field(100, ge=1)
+
+
+def _unauthorized(_why: str) -> JSONResponse:
+    return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
+
+def add_api_key(app: FastAPI, api_key: str) -> None:
+    """Require `Authorization: Bearer <api_key>` as SGLang does (not on /health*, /metrics)."""
+    app.add_middleware(BearerAuth, token=api_key, open_prefixes=OPEN_PATHS, deny=_unauthorized)
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("inference.client")
 

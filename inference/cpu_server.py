@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import threading
 import time
@@ -21,11 +20,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from broker.keys import Keys
+from common.logs import get_logger
 from inference import api_schema as S
-from inference.api_schema import ApiError
+from inference.api_schema import ApiError, add_api_key
 from inference.engine import Engine, GenRequest
 from inference.sampling import SamplingParams
-from swarl.logs import get_logger
 
 log = get_logger("inference")
 
@@ -46,7 +46,7 @@ class ServerSettings:
     max_prefill_tokens: int = 8192
     seed: int = 0
     redis_url: str | None = None
-    run_id: str = "local"
+    keys: Keys | None = None  # the run's registry keys (with redis_url)
     server_id: str | None = None
     advertise_url: str | None = None
     heartbeat_s: float = 3.0
@@ -361,7 +361,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         return state["srv"]
 
     if settings.api_key is not None:
-        app.add_middleware(BearerAuth, api_key=settings.api_key)
+        add_api_key(app, settings.api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError):
@@ -537,23 +537,6 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
                 "num_tensors": len(named_weights(eng.model))}
 
     return app
-
-
-class BearerAuth:
-    """Pure ASGI middleware (keeps disconnect detection working): 401 without the key."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self.key = api_key.encode()
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("method") != "OPTIONS":
-            header = dict(scope.get("headers") or []).get(b"authorization", b"")
-            token = header[7:] if header[:7].lower() == b"bearer " else b""
-            if not hmac.compare_digest(token, self.key):
-                await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class DrainingServer(uvicorn.Server):

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.logs import get_logger
 from inference.sampling import SamplingParams, sample
-from swarl.logs import get_logger
 
 log = get_logger("inference")
 

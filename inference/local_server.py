@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from swarl.services import free_port
+from common.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine imports torch + transformers slowly
@@ -51,6 +51,7 @@ class CpuServerHandle:
 
 def start_cpu_server(model_dir: str | os.PathLike, weight_version: str = "0", redis_url: str | None = None,
                      run_id: str = "test", api_key: str | None = None, threads: int = 1,
+                     prefix: str = "swarl",
                      server_id: str | None = None, extra_args: list[str] | None = None,
                      log_dir: str | os.PathLike | None = None, drain_timeout_s: float = 5.0) -> CpuServerHandle:
     """Start `swarl inference serve` and wait until /health answers 200."""
@@ -58,9 +59,9 @@ def start_cpu_server(model_dir: str | os.PathLike, weight_version: str = "0", re
     key = api_key or secrets.token_hex(16)
     log_path = Path(log_dir or tempfile.mkdtemp(prefix="swarl-infer-")) / f"server-{port}.log"
     # the same command as `swarl inference serve`, without importing every other component's CLI
-    args = [sys.executable, "-m", "inference.cli", "serve", "--model", str(model_dir),
+    args = [sys.executable, "-m", "swarl.cli", "inference", "serve", "--model", str(model_dir),
             "--port", str(port), "--host", "127.0.0.1", "--weight-version", str(weight_version),
-            "--threads", str(threads), "--run-id", run_id,
+            "--threads", str(threads), "--run-id", run_id, "--set", f"redis.prefix={prefix}",
             # short drain so teardown is quick even when a test left a pin behind
             "--set", f"inference.drain_timeout_s={drain_timeout_s}"]
     if redis_url:

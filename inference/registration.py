@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 if TYPE_CHECKING:
     from inference.cpu_server import CpuServer, ServerSettings
@@ -26,11 +26,11 @@ def version_int(version: str) -> int | None:
 
 async def registration_loop(srv: CpuServer, settings: ServerSettings) -> None:
     from broker.connection import connect
-    from broker.keys import Keys
-    from broker.registry import PolicyRegistry, ServerRegistry
+    from broker.registry import PolicyRegistry, ServerMeta, ServerRegistry
 
-    redis = connect(settings.redis_url)  # type: ignore[arg-type]
-    keys = Keys(run=settings.run_id)
+    assert settings.redis_url and settings.keys is not None, "registration needs redis_url and keys"
+    redis = connect(settings.redis_url)
+    keys = settings.keys
     servers, policy = ServerRegistry(redis, keys), PolicyRegistry(redis, keys)
     registered = False
     try:
@@ -41,7 +41,7 @@ async def registration_loop(srv: CpuServer, settings: ServerSettings) -> None:
                     current = await policy.current()
                     state = "ready" if version is not None and version >= current else "starting"
                     await servers.register(settings.id, settings.url, version, state=state,
-                                           meta={"kind": "swarl-cpu", "model": settings.model_dir})
+                                           meta=ServerMeta(kind="swarl-cpu", model=settings.model_dir))
                     registered = True
                     srv.registry = servers
                     log.info("server_registered", server_id=settings.id, url=settings.url,

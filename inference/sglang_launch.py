@@ -12,7 +12,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from swarl.logs import get_logger
+from broker.keys import Keys
+from common.logs import get_logger
 
 log = get_logger("inference")
 
@@ -56,7 +57,7 @@ def build_command(spec: SGLangLaunch) -> list[str]:
     return cmd + list(spec.extra)
 
 
-def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, run_id: str,
+def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, keys: Keys,
                      server_id: str | None = None, advertise_url: str | None = None,
                      heartbeat_s: float = 3.0, start_timeout_s: float = 1800.0) -> int:
     """Start SGLang, wait for /health, register it, heartbeat until it exits; its exit code."""
@@ -73,7 +74,7 @@ def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, 
     if not redis_url:
         return proc.wait()
     try:
-        asyncio.run(_supervise(proc, spec, redis_url, run_id, sid, url, heartbeat_s, start_timeout_s))
+        asyncio.run(_supervise(proc, spec, redis_url, keys, sid, url, heartbeat_s, start_timeout_s))
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -84,16 +85,14 @@ def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, 
     return proc.wait()
 
 
-async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str, run_id: str, sid: str,
+async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str, keys: Keys, sid: str,
                      url: str, heartbeat_s: float, start_timeout_s: float) -> None:
     from broker.connection import connect
-    from broker.keys import Keys
-    from broker.registry import PolicyRegistry, ServerRegistry
+    from broker.registry import PolicyRegistry, ServerMeta, ServerRegistry
     from inference.client import SGLangClient
     from inference.registration import version_int
 
     redis = connect(redis_url)
-    keys = Keys(run=run_id)
     servers, policy = ServerRegistry(redis, keys), PolicyRegistry(redis, keys)
     client = SGLangClient(spec.url, api_key=spec.api_key, timeout_s=10, retries=0)
     registered = False
@@ -108,7 +107,7 @@ async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str,
         version = version_int(await client.get_weight_version())
         current = await policy.current()
         state = "ready" if version is not None and version >= current else "starting"
-        await servers.register(sid, url, version, state=state, meta={"kind": "sglang", "tp": spec.tp})
+        await servers.register(sid, url, version, state=state, meta=ServerMeta(kind="sglang", model=spec.model, tp_size=spec.tp))
         registered = True
         log.info("server_registered", server_id=sid, url=url, version=version, state=state)
         while proc.poll() is None:

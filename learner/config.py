@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from swarl.configbase import Section
+from common.settings import Section
 
 
 class LearnerConfig(Section):

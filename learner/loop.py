@@ -23,36 +23,36 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from broker.keys import Keys
 from broker.registry import PolicyRegistry
 from broker.replay import ReplayReader
+from common.logs import get_logger
 from learner import checkpoint
 from learner.assembly import Assembler, Batch
 from learner.backends.base import TrainBackend
 from learner.checkpoint import LearnerState
 from learner.metrics_log import MetricsLog, TrainedIds, truncate_after
+from learner.runtime import LearnerRuntime
 from learner.train import batch_items, train_step
-from swarl.config import SwarlConfig
-from swarl.logs import get_logger
 from weight_sync.protocols import WeightPublisher
 
 log = get_logger("learner")
 
 
 class Learner:
-    def __init__(self, cfg: SwarlConfig, redis: Any, keys: Keys, backend: TrainBackend,
+    def __init__(self, rt: LearnerRuntime, redis: Any, backend: TrainBackend,
                  publisher: WeightPublisher | None, state: LearnerState | None = None,
                  consumer: str = "learner-0") -> None:
-        self.cfg, self.lcfg = cfg, cfg.learner
-        self.redis, self.keys = redis, keys
+        self.rt, self.lcfg = rt, rt.learner
+        self.redis, self.keys = redis, rt.keys
+        keys = rt.keys
         self.backend, self.publisher = backend, publisher
         self.state = state or LearnerState()
-        self.run_dir = Path(cfg.run.dir)
-        self.reader = ReplayReader(redis, keys, group=cfg.replay.group, consumer=consumer)
+        self.run_dir = Path(rt.run_dir)
+        self.reader = ReplayReader(redis, keys, group=rt.replay.group, consumer=consumer)
         self.policy = PolicyRegistry(redis, keys)
         self.asm = Assembler(
-            n_per_group=self.lcfg.n_samples_per_prompt, batch_size=cfg.admission.batch_size,
-            max_staleness=cfg.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
+            n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
+            max_staleness=rt.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
             partial_groups=self.lcfg.partial_groups, min_group_episodes=self.lcfg.min_group_episodes,
             consumed=set(self.state.consumed), closed_groups=set(self.state.closed_groups))
         self.asm.dropped.update(self.state.dropped)
@@ -82,7 +82,7 @@ class Learner:
             while not self._stop.is_set():
                 if self.lcfg.max_steps is not None and self.state.step >= self.lcfg.max_steps:
                     break
-                entries = await self.reader.read(self.cfg.replay.read_count, self.cfg.replay.block_ms)
+                entries = await self.reader.read(self.rt.replay.read_count, self.rt.replay.block_ms)
                 if entries:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
+from common.logs import setup_logging
 from swarl.config import ConfigError, SwarlConfig, load_config
-from swarl.logs import setup_logging
 
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML config (default configs/local.yaml).")

@@ -1,8 +1,10 @@
-"""The whole-system config: one pydantic model composed of each component's own section.
+"""The whole-system config: one model composed of each component's own section.
 
-Precedence (lowest to highest): defaults < YAML file < SWARL_* environment < CLI `--set`.
-Environment: `SWARL_<SECTION>__<KEY>=value` (nested with `__`), plus the aliases below.
-An unknown or ill-typed key raises ConfigError naming the dotted key.
+Precedence (lowest to highest): defaults < YAML file < SWARL_* environment < CLI `--set`
+(common.settings does the layering). Environment: `SWARL_<SECTION>__<KEY>=value` (nested with
+`__`), plus the aliases below. An unknown or ill-typed key raises ConfigError naming the dotted
+key and where it came from. Components never see this model: the commands hand each one its
+own sections (and the run's Keys, built here once).
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from actors.config import ActorConfig
 from broker.config import AdmissionConfig, QueueConfig, RedisConfig, ReplayConfig
+from broker.keys import Keys
+from common.settings import LayeredSettings, Section, SettingsError
 from envd.config import EnvdConfig, PoolConfig
 from inference.config import InferenceConfig
 from learner.config import LearnerConfig
-from swarl.configbase import Section
 from weight_sync.config import WeightSyncConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +40,7 @@ ENV_ALIASES = {
     "SWARL_LOG_LEVEL": "run.log_level",
 }
 
-
-class ConfigError(ValueError):
-    """A config problem; the message names the dotted key."""
+ConfigError = SettingsError
 
 
 class RunConfig(Section):
@@ -50,7 +51,9 @@ class RunConfig(Section):
     log_format: str = Field("text", description="text (key=value) or json.")
 
 
-class SwarlConfig(Section):
+class SwarlConfig(LayeredSettings):
+    env_aliases: ClassVar[dict[str, str]] = ENV_ALIASES
+
     run: RunConfig = Field(default_factory=RunConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
@@ -63,58 +66,14 @@ class SwarlConfig(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
 
+    @property
+    def keys(self) -> Keys:
+        """The run's Redis key names: the one place they are built from the config."""
+        return Keys(prefix=self.redis.prefix, run=self.run.id)
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for p in parts[:-1]:
-        nxt = node.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{source}: {dotted}: {p} is not a section")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def _parse_scalar(raw: str) -> Any:
-    """Values from env/CLI are YAML scalars (so `[a, b]`, `true`, `3` work); pydantic coerces."""
-    try:
-        return yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        return raw
-
-
-def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
-    out: list[tuple[str, Any, str]] = []
-    for name, raw in sorted(environ.items()):
-        if name in ENV_ALIASES:
-            out.append((ENV_ALIASES[name], _parse_scalar(raw), f"env {name}"))
-        elif name.startswith("SWARL_") and "__" in name:
-            dotted = name[len("SWARL_"):].lower().replace("__", ".")
-            out.append((dotted, _parse_scalar(raw), f"env {name}"))
-    return out
-
-
-def cli_overrides(items: Iterable[str]) -> list[tuple[str, Any, str]]:
-    out = []
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. learner.lr=1e-5")
-        key, raw = item.split("=", 1)
-        out.append((key.strip(), _parse_scalar(raw), f"--set {key.strip()}"))
-    return out
-
-
-def _format_error(err: ValidationError, source_of: dict[str, str]) -> str:
-    lines = []
-    for e in err.errors():
-        dotted = ".".join(str(p) for p in e["loc"])
-        src = source_of.get(dotted)
-        where = f" (from {src})" if src else ""
-        if e["type"] == "extra_forbidden":
-            lines.append(f"unknown config key {dotted!r}{where}")
-        else:
-            lines.append(f"config key {dotted!r}{where}: {e['msg']} (got {e.get('input')!r})")
-    return "; ".join(lines)
+    def redis_at(self, url: str) -> RedisConfig:
+        """The redis section pointed at `url` (a private server a command started)."""
+        return self.redis.model_copy(update={"url": url})
 
 
 def load_config(
@@ -122,28 +81,13 @@ def load_config(
     overrides: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> SwarlConfig:
-    """Load YAML (default configs/local.yaml), apply env then CLI overrides, validate."""
+    """Load YAML (default: $SWARL_CONFIG, else configs/local.yaml), then the environment, then
+    `overrides` (`section.key=value`), and validate."""
     environ = os.environ if environ is None else environ
     cfg_path = Path(path) if path else Path(environ.get("SWARL_CONFIG", DEFAULT_CONFIG))
-    tree: dict[str, Any] = {}
-    if cfg_path.exists():
-        try:
-            loaded = yaml.safe_load(cfg_path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{cfg_path}: not valid YAML: {e}") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{cfg_path}: top level must be a mapping of sections")
-        tree = loaded
-    elif path:
-        raise ConfigError(f"config file {cfg_path} does not exist")
-    source_of: dict[str, str] = {}
-    for dotted, value, src in [*env_overrides(environ), *cli_overrides(overrides)]:
-        _set_dotted(tree, dotted, value, src)
-        source_of[dotted] = src
-    try:
-        return SwarlConfig.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, source_of)) from None
+    if not path and not cfg_path.exists():
+        return SwarlConfig.load(None, overrides, environ)
+    return SwarlConfig.load(cfg_path, overrides, environ)
 
 
 def dump_config(cfg: SwarlConfig) -> str:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("data")
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
+from common.logs import get_logger
+from common.procs import ProcessGroup, swarl_exe, wait_http
+from common.services import ensure_docker, free_port, start_redis
 from swarl.config import CONFIG_DIR, REPO_ROOT, SwarlConfig, load_config
-from swarl.logs import get_logger
-from swarl.procs import ProcessGroup, swarl_exe, wait_http
-from swarl.services import ensure_docker, free_port, start_redis
 
 log = get_logger("demo")
 CACHE = Path(os.environ.get("SWARL_CACHE", Path.home() / ".cache" / "swarl"))
@@ -69,10 +69,7 @@ class Demo:
 
     # -- set-up ------------------------------------------------------------------------
     def keys(self) -> Any:
-        from broker.keys import Keys
-
-        cfg = self.config()
-        return Keys(cfg.redis.prefix, cfg.run.id)
+        return self.config().keys
 
     def config(self, **extra: Any) -> SwarlConfig:
         base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}", *self.o.sets]
@@ -178,8 +175,8 @@ class Demo:
 
     # -- evaluation --------------------------------------------------------------------
     async def resolve_rates(self, pool_url: str, server_url: str, tag: str) -> dict[str, float]:
+        from actors.evaluate import EvalTarget, evaluate
         from envd.tasks import load_tasks
-        from swarl.evaluate import EvalTarget, evaluate
 
         cfg = self.config()
         target = EvalTarget(server_url, self.tokens["inference"], pool_url, self.tokens["envd"])

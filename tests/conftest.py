@@ -13,8 +13,8 @@ import redis
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
+from common.services import RedisProcess, ensure_docker, start_redis
 from swarl.config import SwarlConfig, load_config
-from swarl.services import RedisProcess, ensure_docker, start_redis
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from swarl.procs import terminate
+from common.procs import terminate
 
 # What conftest's `from fixtures_envd import *` brings in: the fixtures only.
 __all__ = ["envd_factory", "envd_server", "envd_token", "pool_factory", "pool_server", "test_image"]
@@ -153,7 +153,7 @@ def _wait_healthy(svc: ServiceProc, timeout: float = 30.0) -> None:
 def start_service(args: list[str], token: str, log_dir: Path, env: dict[str, str] | None = None,
                   port: int | None = None) -> ServiceProc:
     """Start `swarl <args> --port P` with SWARL_ENVD_TOKEN=token; wait for /healthz."""
-    from swarl.services import free_port
+    from common.services import free_port
 
     port = port or free_port()
     full_env = {**os.environ, "SWARL_ENVD_TOKEN": token, **(env or {})}
@@ -244,7 +244,7 @@ def pool_server(pool_factory, envd_server: ServiceProc, redis_url: str) -> Servi
 def main() -> None:  # `python tests/fixtures_envd.py`: build the test image ahead of time
     import docker
 
-    from swarl.services import ensure_docker
+    from common.services import ensure_docker
 
     client = docker.DockerClient(base_url=ensure_docker(), timeout=120)
     print(build_test_image(client))

@@ -37,7 +37,7 @@ import torch
 
 from broker.keys import Keys
 from broker.registry import PolicyRegistry, ServerInfo, ServerRegistry
-from swarl.logs import get_logger
+from common.logs import get_logger
 from weight_sync import disk
 from weight_sync.config import WeightSyncConfig
 from weight_sync.distributed import UpdateGroup
@@ -382,7 +382,7 @@ class Coordinator:
                 backend = "nccl" if snap.device == "cuda" else "gloo"
             group = UpdateGroup(
                 name=f"swarl-{self.keys.run}-{s.id}".replace(":", "_"), members=[s.id],
-                clients=[client], tp_sizes=[int(s.meta.get("tp_size", 1) or 1)], backend=backend,
+                clients=[client], tp_sizes=[s.meta.tp_size if s.meta else 1], backend=backend,
                 master_address=self.cfg.master_address, timeout_s=self.cfg.group_timeout_s,
                 device="cuda" if backend == "nccl" else "cpu",
                 prefix_store=self.cfg.group_store_prefix)

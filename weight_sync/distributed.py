@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from swarl.logs import get_logger
-from swarl.services import free_port
+from common.logs import get_logger
+from common.services import free_port
 
 log = get_logger("weight_sync")
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+from broker.config import RedisConfig
 from broker.keys import Keys
 from broker.registry import PolicyRegistry
-from swarl.logs import get_logger
+from common.logs import get_logger
 from weight_sync import disk
 from weight_sync.config import WeightSyncConfig
 from weight_sync.coordinator import (
@@ -88,20 +90,15 @@ class Publisher:
             await asyncio.to_thread(self.coordinator.stop)
 
 
-def _api_key(cfg: Any) -> str | None:
-    return (cfg.weight_sync.api_key or getattr(cfg.inference, "api_key", None)
-            or os.environ.get("SWARL_INFERENCE_API_KEY"))
-
-
-def _redis_maker(cfg: Any, redis: Any):
+def _redis_maker(redis_cfg: RedisConfig | None, redis: Any) -> Callable[[], Any]:
     """A client for the coordinator's own loop: the configured URL, else the learner's
-    client's connection settings (e.g. a private redis-server the command started)."""
+    client's connection settings."""
 
     def make() -> Any:
-        if cfg.redis.url:
+        if redis_cfg is not None and redis_cfg.url:
             from broker.connection import connect
 
-            return connect(cfg.redis.url, cfg.redis)
+            return connect(redis_cfg.url, redis_cfg)
         import redis.asyncio as aioredis
 
         pool = redis.connection_pool
@@ -111,17 +108,19 @@ def _redis_maker(cfg: Any, redis: Any):
     return make
 
 
-def make_publisher(cfg: Any, redis: Any, keys: Keys, base_model_dir: str | None,
-                   start_coordinator: bool = True,
+def make_publisher(ws: WeightSyncConfig, redis: Any, keys: Keys, run_dir: str | os.PathLike[str],
+                   base_model_dir: str | None, api_key: str | None = None,
+                   redis_cfg: RedisConfig | None = None, start_coordinator: bool = True,
                    client_factory: ClientFactory | None = None) -> Publisher:
     """The publisher the learner uses, with its rolling-update coordinator started on a thread
-    of its own (start_coordinator=False: publish only; run a Coordinator elsewhere)."""
-    ws: WeightSyncConfig = cfg.weight_sync
+    of its own (start_coordinator=False: publish only; run a Coordinator elsewhere).
+    `api_key` is the inference servers' key (weight_sync.api_key wins)."""
     thread = None
     if start_coordinator:
-        factory = client_factory or default_client_factory(_api_key(cfg), ws.update_timeout_s)
-        make_redis = _redis_maker(cfg, redis)
+        key = ws.api_key or api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
+        factory = client_factory or default_client_factory(key, ws.update_timeout_s)
+        make_redis = _redis_maker(redis_cfg, redis)
         thread = CoordinatorThread(
-            lambda: Coordinator(ws, make_redis(), keys, cfg.run.dir, factory))
+            lambda: Coordinator(ws, make_redis(), keys, str(run_dir), factory))
         thread.start()
-    return Publisher(ws, redis, keys, cfg.run.dir, base_model_dir, thread)
+    return Publisher(ws, redis, keys, str(run_dir), base_model_dir, thread)

@@ -60,7 +60,7 @@ def init_parallel(cfg: LearnerConfig, seed: int = 0) -> None:
 
 
 def _free_port() -> int:
-    from swarl.services import free_port
+    from common.services import free_port
 
     return free_port()
 

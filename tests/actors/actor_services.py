@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from common.procs import terminate
+from common.services import free_port
 from swarl.config import load_config
-from swarl.procs import terminate
-from swarl.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SWARL = str(REPO / ".venv" / "bin" / "swarl")
@@ -78,7 +78,7 @@ def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: P
     log_path = log_dir / f"scripted-{port}.log"
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.scripted_policy", "serve", "--tokenizer", str(tokenizer),
+            [sys.executable, "-m", "swarl.cli", "scripted-policy", "serve", "--tokenizer", str(tokenizer),
              "--mode", mode, "--port", str(port), "--weight-version", version,
              "--tasks", str(tasks), "--redis-url", redis_url, "--run-id", "test",
              "--sleep-s", str(sleep_s)],

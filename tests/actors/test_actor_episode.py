@@ -9,8 +9,8 @@ from actors.config import ActorConfig
 from actors.encoding import ChatEncoder
 from actors.episode import EpisodeJob, run_episode
 from actors.protocols import InfraError
-from actors.scripted_policy import SCRIPTED_LOGPROB, ScriptedPolicy
 from actors.templates import load_templates
+from inference.scripted import SCRIPTED_LOGPROB, ScriptedPolicy
 
 JOB = EpisodeJob("test:local__calc-1:g0:s0", INSTANCE, "local__calc-1:g0", 0, 2, "local")
 

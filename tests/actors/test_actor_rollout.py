@@ -16,6 +16,7 @@ from broker.connection import connect
 from broker.keys import Keys
 from broker.registry import ServerRegistry
 from broker.replay import ReplayReader
+from swarl.wiring import actor_runtime
 
 pytestmark = [pytest.mark.docker]
 KEYS = Keys("swarl", "test")
@@ -44,7 +45,7 @@ async def test_scripted_fix_resolves_and_wrong_fix_is_minus_one(scripted, pool_s
     cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
                                   tiny_model_dir, server.api_key))
     r = connect(redis_url)
-    ro = Rollouts(cfg, r, actor_id="actor-t")
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
     try:
         res_fix, res_wrong = await asyncio.gather(ro.run(payload(fix_row)), ro.run(payload(wrong_row)))
         assert res_fix["resolved"] and res_fix["reward"] == 1.0, res_fix
@@ -79,14 +80,14 @@ async def test_scripted_fix_resolves_and_wrong_fix_is_minus_one(scripted, pool_s
 
 
 async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_dir, tmp_path):
-    from swarl.services import free_port
+    from common.services import free_port
 
     server, (fix_row, _) = scripted
     dead_pool = f"http://127.0.0.1:{free_port()}"
     cfg = actor_config(actor_sets(redis_url, tmp_path / "run", dead_pool, "tok", tiny_model_dir,
                                   server.api_key, **{"queue.max_tries": 2}))
     r = connect(redis_url)
-    ro = Rollouts(cfg, r, actor_id="actor-t")
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
     try:
         with pytest.raises(InfraError, match="allocate_failed"):
             await ro.run(payload(fix_row), job_try=1)   # arq will retry it
@@ -118,7 +119,7 @@ async def test_tiny_model_episode_logprobs_match_transformers(cpu_server_factory
         redis_url, tmp_path / "run", pool_server.url, pool_server.token, tiny_model_dir, srv.api_key,
         **{"actor.step_limit": 2, "actor.sampling.max_new_tokens": 24, "actor.pin_wait_s": 30}))
     r = connect(redis_url)
-    ro = Rollouts(cfg, r, actor_id="actor-t")
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
     try:
         res = await ro.run(payload(row))
         assert res["ending"] in ("step", "submitted") and res["samples"] >= 1
@@ -205,7 +206,7 @@ async def test_bundled_tasks_gold_fix_plus_one_wrong_fix_minus_one(task_images, 
     cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
                                   tiny_model_dir, server.api_key))
     r = connect(redis_url)
-    ro = Rollouts(cfg, r, actor_id="actor-t")
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
     try:
         good, bad = await asyncio.gather(ro.run(payload(rows[0])), ro.run(payload(rows[1])))
         assert good["resolved"] and good["reward"] == 1.0, good

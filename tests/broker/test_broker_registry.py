@@ -2,7 +2,9 @@ import asyncio
 
 import pytest
 
-from broker.registry import ActorRegistry, PolicyRegistry, ServerRegistry
+from broker.registry import ActorRegistry, PolicyRegistry, ServerMeta, ServerRegistry
+
+META = ServerMeta(kind="scripted")
 
 
 async def test_policy_publish_is_monotonic(aredis, keys):
@@ -19,10 +21,10 @@ async def test_policy_publish_is_monotonic(aredis, keys):
 
 async def test_pin_prefers_newest_version_then_fewest_pins(aredis, keys):
     reg = ServerRegistry(aredis, keys)
-    await reg.register("a", "http://a", 1, state="ready")
-    await reg.register("b", "http://b", 1, state="ready")
-    await reg.register("c", "http://c", 0, state="ready")
-    await reg.register("d", "http://d", 2, state="draining")
+    await reg.register("a", "http://a", 1, meta=META, state="ready")
+    await reg.register("b", "http://b", 1, meta=META, state="ready")
+    await reg.register("c", "http://c", 0, meta=META, state="ready")
+    await reg.register("d", "http://d", 2, meta=META, state="draining")
     picks = [(await reg.pin(f"p{i}")).id for i in range(4)]
     assert sorted(picks) == ["a", "a", "b", "b"]  # v1 beats v0; draining v2 takes no pins
     assert await reg.pin_count("a") == 2
@@ -36,7 +38,7 @@ async def test_pin_prefers_newest_version_then_fewest_pins(aredis, keys):
 
 async def test_expired_pins_and_stale_servers_do_not_count(aredis, keys):
     reg = ServerRegistry(aredis, keys)
-    await reg.register("a", "http://a", 0, state="ready")
+    await reg.register("a", "http://a", 0, meta=META, state="ready")
     assert (await reg.pin("short", ttl_s=0.2)).id == "a"
     assert await reg.renew_pin("a", "short", ttl_s=0.2) is True
     assert await reg.pin_count("a") == 1
@@ -54,8 +56,8 @@ async def test_expired_pins_and_stale_servers_do_not_count(aredis, keys):
 async def test_states_are_checked_and_remove(aredis, keys):
     reg = ServerRegistry(aredis, keys)
     with pytest.raises(ValueError, match="weird"):
-        await reg.register("a", "http://a", 0, state="weird")
-    await reg.register("a", "http://a", None)
+        await reg.register("a", "http://a", 0, meta=META, state="weird")
+    await reg.register("a", "http://a", None, meta=META)
     s = await reg.get("a")
     assert s.version is None and s.state == "starting"
     await aredis.hset(keys.server("a"), "heartbeat", 1.0)
@@ -77,3 +79,16 @@ async def test_actor_registry_expiry(aredis, keys):
     assert actors[0]["running"] == 3 and actors[0]["totals"] == {"episodes": 5}
     assert await aredis.smembers(keys.actors) == {b"act-1"}
     assert 0 < await aredis.ttl(keys.actor("act-1")) <= 30
+
+
+async def test_server_meta_is_typed(aredis, keys):
+    reg = ServerRegistry(aredis, keys)
+    with pytest.raises(ValueError, match="tp_size"):
+        ServerMeta(kind="sglang")  # an SGLang server must say how many ranks join its group
+    await reg.register("g", "http://g", 0, meta=ServerMeta(kind="sglang", tp_size=2), state="ready")
+    (g,) = await reg.list()
+    assert g.meta == ServerMeta(kind="sglang", tp_size=2) and g.meta_error == ""
+    # a hash written by anything else (the old `tp` field) is read as invalid, never as tp 1
+    await aredis.hset(keys.server("g"), "meta", '{"kind": "sglang", "tp": 2}')
+    (g,) = await reg.list()
+    assert g.meta is None and "tp" in g.meta_error

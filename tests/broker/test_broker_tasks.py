@@ -45,7 +45,7 @@ async def test_enqueue_is_idempotent(redis_url, keys):
         await pool.delete(f"arq:job:{jobs[0].job_id}")
         await pool.sadd(keys.jobs_done, jobs[0].job_id)
         assert await enqueue_jobs(pool, keys, jobs) == (0, 4)
-        other_run = Keys(run="other")
+        other_run = Keys("swarl", "other")
         assert await enqueue_jobs(pool, other_run, jobs_for(other_run, ROW, "t", 4)) == (4, 0)
     finally:
         await pool.aclose()

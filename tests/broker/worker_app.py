@@ -29,7 +29,7 @@ def main() -> None:
             await asyncio.sleep(3600)
         return {"ok": True}
 
-    run_worker(worker_settings(cfg, url, rollout, max_jobs=2))
+    run_worker(worker_settings(cfg.queue, cfg.keys, url, rollout, max_jobs=2))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.services import free_port
 from envd.tasks import load_tasks
-from swarl.services import free_port
 
 SWARL = str(Path(sys.executable).parent / "swarl")
 

@@ -44,7 +44,7 @@ def test_redis_leases_keep_live_containers_across_restart(envd_factory, test_ima
     keep = _post(svc, "/container/create", {"image": test_image}).json()["container_id"]
     gone = _post(svc, "/container/create", {"image": test_image}).json()["container_id"]
     r = redis.Redis.from_url(redis_url)
-    key = Keys(run="test").envd_leases("test-redis-leases")
+    key = Keys("swarl", "test").envd_leases("test-redis-leases")
     assert r.zscore(key, keep) > time.time()
     svc.kill9()
     r.zadd(key, {gone: time.time() - 1})  # this one's lease ran out while envd was down

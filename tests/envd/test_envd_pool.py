@@ -141,7 +141,7 @@ async def test_add_and_remove_node_while_running(pool_factory, envd_server, envd
         with pytest.raises(EnvError):
             await pool.allocate(test_image, "n2", wait_s=0.5)
         # a node that does not answer is health-checked as such and never allocated to
-        from swarl.services import free_port
+        from common.services import free_port
 
         dead = f"http://127.0.0.1:{free_port()}"
         await pool.http.call("POST", "/nodes/add", {"url": dead})
@@ -180,7 +180,7 @@ async def test_add_and_remove_node_while_running(pool_factory, envd_server, envd
 
 
 async def test_client_connection_errors_are_env_errors():
-    from swarl.services import free_port
+    from common.services import free_port
 
     pool = PoolClient(f"http://127.0.0.1:{free_port()}", "t", retries=1)
     try:

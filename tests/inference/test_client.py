@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from common.services import free_port
 from inference.client import GenerateResult, InferenceError, SGLangClient
-from swarl.services import free_port
 
 
 async def test_connection_errors_are_retried_with_backoff_then_raised():

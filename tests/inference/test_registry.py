@@ -39,7 +39,7 @@ async def test_registers_heartbeats_and_deregisters(cpu_server_factory, tiny_mod
     b = await wait_for(lambda: servers.get("cpu-b"))
     assert (a.url, a.version, a.state) == (behind.url, 0, "starting")  # older than policy 2
     assert (b.url, b.version, b.state) == (current.url, 2, "ready")
-    assert b.meta.get("kind") == "swarl-cpu"
+    assert b.meta is not None and b.meta.kind == "swarl-cpu"
     assert (await servers.pin("p1", min_version=2)).id == "cpu-b"
 
     # heartbeats keep coming, and carry a new version promptly

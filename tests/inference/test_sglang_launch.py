@@ -29,7 +29,7 @@ def test_command_has_the_flags_swarl_needs():
 
 
 def test_cli_prints_the_command_and_hides_the_key():
-    res = subprocess.run([sys.executable, "-m", "inference.cli", "launch-sglang", "--model", "/m", "--port",
+    res = subprocess.run([sys.executable, "-m", "swarl.cli", "inference", "launch-sglang", "--model", "/m", "--port",
                           "30001", "--tp", "2", "--weight-version", "5", "--mem-fraction", "0.8",
                           "--api-key", "secret-key"], capture_output=True, text=True, cwd=REPO, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
@@ -41,7 +41,7 @@ def test_cli_prints_the_command_and_hides_the_key():
 
 
 def test_serve_refuses_to_start_without_an_api_key(tiny_model_dir):
-    res = subprocess.run([sys.executable, "-m", "inference.cli", "serve", "--model", str(tiny_model_dir)],
+    res = subprocess.run([sys.executable, "-m", "swarl.cli", "inference", "serve", "--model", str(tiny_model_dir)],
                          capture_output=True, text=True, cwd=REPO, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     assert res.returncode == 2 and "API key is required" in res.stderr

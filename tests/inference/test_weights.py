@@ -11,11 +11,11 @@ import pytest
 import torch
 from fixtures_inference import CpuServerHandle, start_cpu_server
 
+from common.services import free_port
 from inference.client import SGLangClient
 from inference.dist_group import broadcast, destroy_group, new_group
 from inference.tiny_model import init_tiny
 from inference.weights import checksum, named_weights, read_safetensors_dir
-from swarl.services import free_port
 
 PROMPT = [1, 846, 1045, 97, 300, 12]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}

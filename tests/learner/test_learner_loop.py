@@ -18,6 +18,7 @@ from learner.backends.torch_backend import TorchBackend
 from learner.checkpoint import LearnerState
 from learner.loop import Learner
 from learner.plot import plot_run
+from swarl.wiring import learner_runtime
 
 
 def configure(cfg, model_dir, **learner):
@@ -35,7 +36,7 @@ async def test_synchronous_rounds_publish_ack_and_log(cfg, keys, small_model_dir
     r = connect(cfg.redis.url)
     writer = ReplayWriter(r, keys)
     pub = DirPublisher(r, keys, tmp_path / "weights")
-    learner = Learner(cfg, r, keys, TorchBackend(cfg.learner, small_model_dir), pub)
+    learner = Learner(learner_runtime(cfg), r, TorchBackend(cfg.learner, small_model_dir), pub)
     task = asyncio.create_task(learner.run())
     registry = PolicyRegistry(r, keys)
     for v in range(3):  # like synchronous actors: roll out only the current version
@@ -77,7 +78,7 @@ async def test_resume_publishes_a_checkpointed_version_the_registry_lacks(cfg, k
     pub = DirPublisher(r, keys, tmp_path / "weights")
     b2 = TorchBackend(cfg.learner, small_model_dir)
     state = checkpoint.load(checkpoint.latest(cfg.run.dir), b2)
-    await Learner(cfg, r, keys, b2, pub, state).run()
+    await Learner(learner_runtime(cfg), r, b2, pub, state).run()
     assert pub.published == [2] and await registry.current() == 2
     await r.aclose()
 
@@ -86,7 +87,7 @@ async def test_dropped_entries_are_acked_without_a_step(cfg, keys, small_model_d
     cfg = configure(cfg, small_model_dir, idle_exit_s=0.5)
     r = connect(cfg.redis.url)
     await ReplayWriter(r, keys).add([make_sample("old", i, version=1) for i in range(2)])
-    learner = Learner(cfg, r, keys, TorchBackend(cfg.learner, small_model_dir), None,
+    learner = Learner(learner_runtime(cfg), r, TorchBackend(cfg.learner, small_model_dir), None,
                       LearnerState(step=4, version=4))
     state = await learner.run()
     assert state.step == 4
@@ -109,10 +110,11 @@ async def test_publishes_through_weight_sync(cfg, keys, small_model_dir) -> None
     r = connect(cfg.redis.url)
     await ReplayWriter(r, keys).add([make_sample(g, i, reward=float(i)) for g in "ghij" for i in range(2)])
     cfg.admission.batch_size = 2
-    pub = make_publisher(cfg, r, keys, str(small_model_dir), start_coordinator=False)
+    pub = make_publisher(cfg.weight_sync, r, keys, cfg.run.dir, str(small_model_dir),
+                         start_coordinator=False)
     backend = TorchBackend(cfg.learner, small_model_dir)
     try:
-        state = await Learner(cfg, r, keys, backend, pub).run()
+        state = await Learner(learner_runtime(cfg), r, backend, pub).run()
     finally:
         await pub.close()
     assert state.version == 4  # 8 episodes in groups of 2, one group (2 episodes) per step

@@ -15,19 +15,20 @@ from learner.checkpoint import LearnerState
 from learner.config import LearnerConfig
 from learner.service import ResumeError, run_learner
 from learner.train import batch_items, train_step
+from swarl.wiring import learner_runtime
 
 
 async def test_refuses_to_restart_a_run_without_resume(cfg, small_model_dir) -> None:
     cfg.learner.model_dir = str(small_model_dir)
     checkpoint.save(cfg.run.dir, TorchBackend(cfg.learner, small_model_dir), LearnerState(step=1))
     with pytest.raises(ResumeError, match="--resume"):
-        await run_learner(cfg, resume=False, redis_url=cfg.redis.url)
+        await run_learner(learner_runtime(cfg), resume=False)
 
 
 async def test_model_dir_is_required(cfg, tmp_path) -> None:
     cfg.learner.model_dir = str(tmp_path / "nothing")
     with pytest.raises(ResumeError, match=r"config\.json"):
-        await run_learner(cfg, resume=False, redis_url=cfg.redis.url)
+        await run_learner(learner_runtime(cfg), resume=False)
 
 
 def test_bf16_step(small_model_dir) -> None:

@@ -59,7 +59,7 @@ async def live_run(redis_url: str, tmp_path: Path):
 
     from broker.admission import Admission
     from broker.connection import connect
-    from broker.registry import ActorRegistry, PolicyRegistry, ServerRegistry
+    from broker.registry import ActorRegistry, PolicyRegistry, ServerMeta, ServerRegistry
     from broker.replay import ReplayReader, ReplayWriter
     from broker.tasks import arq_pool, enqueue_jobs, jobs_for, record_failure, worker_settings
     from swarl.config import load_config
@@ -83,7 +83,7 @@ async def live_run(redis_url: str, tmp_path: Path):
         await release.wait()
         return {"ok": True}
 
-    settings = get_kwargs(worker_settings(cfg, redis_url, rollout, max_jobs=2))
+    settings = get_kwargs(worker_settings(cfg.queue, keys, redis_url, rollout, max_jobs=2))
     settings["handle_signals"] = False
     worker = Worker(**settings)
     task = asyncio.create_task(worker.async_run())
@@ -108,7 +108,8 @@ async def live_run(redis_url: str, tmp_path: Path):
     await policy.publish(1, {"path": str(tmp_path / "weights" / "v1"), "step": 1})
     await policy.publish(2, {"path": str(tmp_path / "weights" / "v2"), "step": 2})
     servers = ServerRegistry(redis, keys)
-    await servers.register(SERVER_ID, f"http://{SERVER_ID}", 2, state="ready")
+    await servers.register(SERVER_ID, f"http://{SERVER_ID}", 2, state="ready",
+                           meta=ServerMeta(kind="scripted"))
     assert (await servers.pin("episode-1", min_version=2)) is not None
     actors = ActorRegistry(redis, keys)
     await actors.register(ACTOR_ID, "node-7", 4242, 4)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from common.services import free_port
 from swarl.data_prepare import DataError, prepare, validate_row
-from swarl.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LITE = REPO.parent / "shared" / "data" / "swe-bench-lite-test.json"
@@ -231,7 +231,7 @@ def test_bundled_tasks_by_name_and_by_file(tmp_path):
 @needs_lite
 def test_prepared_files_are_read_by_enqueue(tmp_path):
     """The consumer's reader (`swarl enqueue`, `swarl eval`) takes every prepared line."""
-    from broker.dataset import read_rows
+    from envd.dataset import read_rows
 
     prepare(str(LITE), tmp_path / "o", split="test", max_samples=40)
     for name in ("test.jsonl", "eval.jsonl"):

@@ -22,9 +22,9 @@ import redis
 import yaml
 
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
+from common.procs import terminate
+from common.services import free_port
 from swarl.config import load_config
-from swarl.procs import terminate
-from swarl.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SWARL = str(Path(sys.executable).parent / "swarl")
@@ -90,7 +90,7 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
     try:
         # the policy: scripted SGLang-API server, registered in Redis as ready
         key, port = secrets.token_hex(8), free_port()
-        server = Proc([sys.executable, "-m", "actors.scripted_policy", "serve", "--tokenizer",
+        server = Proc([sys.executable, "-m", "swarl.cli", "scripted-policy", "serve", "--tokenizer",
                        str(tiny_model_dir), "--mode", "fix", "--port", str(port), "--tasks", str(data),
                        "--redis-url", redis_url, "--run-id", "test"], tmp_path / "server.log",
                       {**base_env, "SWARL_INFERENCE_API_KEY": key})

@@ -40,7 +40,8 @@ async def publisher_factory(aredis, keys, tiny_model_dir) -> AsyncIterator[Calla
     made: list[Any] = []
 
     def make(cfg) -> Any:
-        p = make_publisher(cfg, aredis, keys, str(tiny_model_dir))
+        p = make_publisher(cfg.weight_sync, aredis, keys, cfg.run.dir, str(tiny_model_dir),
+                           api_key=cfg.inference.api_key, redis_cfg=cfg.redis)
         made.append(p)
         return p
 

@@ -97,7 +97,7 @@ def _swarl(*args: str, run_dir: Path):
     """`swarl weights ...` in-process (the same typer app `swarl weights` mounts)."""
     from typer.testing import CliRunner
 
-    from weight_sync.cli import app
+    from swarl.commands.weights import app
 
     return CliRunner().invoke(app, [*args, "--set", f"run.dir={run_dir}", "--set", "redis.url=null"])
 
@@ -125,13 +125,13 @@ def test_cli_reads_the_policy_registry(tmp_path: Path, base_dir: Path, redis_url
     from broker.connection import connect
     from broker.keys import Keys
     from broker.registry import PolicyRegistry
-    from weight_sync.cli import app
+    from swarl.commands.weights import app
 
     m = disk.write_checkpoint(tmp_path, 4, 40, _tensors(), base_dir)
 
     async def publish() -> None:
         r = connect(redis_url)
-        await PolicyRegistry(r, Keys(run="cli")).publish(4, m)
+        await PolicyRegistry(r, Keys("swarl", "cli")).publish(4, m)
         await r.aclose()
 
     asyncio.run(publish())  # the CLI runs its own event loop: this test has none

@@ -26,8 +26,8 @@ def demo(
 ) -> None:
     """The local CPU run: Redis, Docker, task images, tiny model, envd, pool, inference, actors,
     learner; trains for --minutes and prints resolve rates before and after (last line: JSON)."""
+    from common.logs import setup_logging
     from swarl.demo import DemoOptions, run_demo
-    from swarl.logs import setup_logging
 
     setup_logging("warning")
     opts = DemoOptions(minutes=minutes, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
@@ -57,8 +57,8 @@ def eval_(
     sets: SetOpt = None,
 ) -> None:
     """Evaluate a policy on SWE instances without training (resumable)."""
-    from broker.dataset import RowError, read_rows
-    from swarl.evaluate import EvalTarget, evaluate
+    from actors.evaluate import EvalTarget, evaluate
+    from envd.dataset import RowError, read_rows
 
     cfg = load(config, sets, extra={"actor.step_limit": step_limit, "actor.sampling.max_new_tokens": max_tokens,
                                      "actor.sampling.temperature": temperature, "pool.url": pool_url})

@@ -87,8 +87,8 @@ def data_prepare(
 ) -> None:
     """Validate SWE rows and write <split>.jsonl (the seed's format), eval.jsonl,
     instance_ids.txt and docker_images.txt. Last line: a JSON summary."""
+    from common.logs import setup_logging
     from swarl.data_prepare import DataError, prepare
-    from swarl.logs import setup_logging
 
     setup_logging("info", "text")
     try:

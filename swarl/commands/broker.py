@@ -19,13 +19,12 @@ def enqueue(
     sets: SetOpt = None,
 ) -> None:
     """Enqueue one job per (instance, group, sample index); idempotent (deterministic job ids)."""
-    from broker.dataset import RowError, read_rows
-    from broker.keys import Keys
     from broker.tasks import arq_pool, enqueue_jobs, jobs_for
-    from swarl.services import redis_for_command
+    from common.services import redis_for_command
+    from envd.dataset import RowError, read_rows
 
     cfg = load(config, sets)
-    keys = Keys(cfg.redis.prefix, cfg.run.id)
+    keys = cfg.keys
     errors: list[RowError] = []
 
     async def run(url: str) -> tuple[int, int, int]:
@@ -65,12 +64,11 @@ def status(
 ) -> None:
     """One screen: queue depth, running, stream length, pending and lag, versions, servers, actors."""
     from broker.connection import connect
-    from broker.keys import Keys
     from broker.status import gather, render, to_json
-    from swarl.services import redis_for_command
+    from common.services import redis_for_command
 
     cfg = load(config, sets)
-    keys = Keys(cfg.redis.prefix, cfg.run.id)
+    keys = cfg.keys
 
     async def run(url: str) -> None:
         from rich.console import Console

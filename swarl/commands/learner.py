@@ -21,14 +21,16 @@ def learner(
     learner.update_every steps."""
     import asyncio
 
+    from common.services import redis_for_command
     from learner.service import ResumeError, run_learner
     from swarl.cliutil import load
-    from swarl.services import redis_for_command
+    from swarl.wiring import learner_runtime, publisher_factory
 
     cfg = load(config, sets, extra={"learner.max_steps": max_steps})
     try:
         with redis_for_command(cfg.redis.url, cfg.run.dir) as url:
-            state = asyncio.run(run_learner(cfg, resume, url))
+            state = asyncio.run(run_learner(learner_runtime(cfg, url), resume,
+                                            publisher_factory(cfg, url)))
     except ResumeError as e:
         typer.echo(f"swarl learner: {e}", err=True)
         raise typer.Exit(2) from None

@@ -67,7 +67,7 @@ def serve(
     settings = ServerSettings(
         model_dir=ic.model, host=ic.host, port=ic.port, weight_version=ic.weight_version, api_key=key,
         max_batch_size=ic.max_batch_size, max_prefill_tokens=ic.max_prefill_tokens, seed=ic.seed,
-        redis_url=redis_url or cfg.redis.url, run_id=cfg.run.id, server_id=server_id, advertise_url=advertise_url,
+        redis_url=redis_url or cfg.redis.url, keys=cfg.keys, server_id=server_id, advertise_url=advertise_url,
         heartbeat_s=ic.heartbeat_s,
     )
     app = create_app(settings)
@@ -108,7 +108,7 @@ def launch_sglang(
     shown = [("***" if i > 0 and cmd[i - 1] == "--api-key" else a) for i, a in enumerate(cmd)]
     typer.echo(shlex.join(shown))
     if run:
-        raise typer.Exit(run_and_register(spec, cmd, redis_url or cfg.redis.url, cfg.run.id,
+        raise typer.Exit(run_and_register(spec, cmd, redis_url or cfg.redis.url, cfg.keys,
                                           server_id=server_id, advertise_url=advertise_url))
 
 
@@ -124,5 +124,56 @@ def init_tiny_cmd(
     typer.echo(str(path))
 
 
-if __name__ == "__main__":  # `python -m inference.cli serve ...` == `swarl inference serve ...`
-    inference_app()
+
+scripted_app = typer.Typer(help="Scripted policy server (tests, benchmarks, demo).",
+                           no_args_is_help=True, add_completion=False)
+
+
+@scripted_app.callback()
+def _scripted() -> None:
+    """Scripted policy server (keeps `serve` a subcommand)."""
+
+
+@scripted_app.command("serve")
+def scripted_serve(
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="HF tokenizer directory.")],
+    mode: Annotated[str, typer.Option("--mode", help="fix | wrong | noop | format | loop | sleep | flood")] = "fix",
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 30100,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SWARL_INFERENCE_API_KEY",
+                                                help="Bearer key required on every request.")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without a key (warns).")] = False,
+    weight_version: Annotated[str, typer.Option("--weight-version")] = "0",
+    tasks: Annotated[str | None, typer.Option("--tasks", help="JSONL of instance rows (default: "
+                                              "the bundled suite).")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", help="Register as ready here.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the registry keys (default run.id).")] = None,
+    server_id: Annotated[str | None, typer.Option("--server-id")] = None,
+    sleep_s: Annotated[int, typer.Option("--sleep-s", help="Seconds the `sleep` mode's command sleeps.")] = 30,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """Serve fixed answers per instance over SGLang's /generate API."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from common.logs import get_logger
+    from inference.scripted import serve
+
+    cfg = load(config, sets, extra={"run.id": run_id})
+    if not api_key and not no_auth:
+        typer.echo("scripted serve: --api-key (or SWARL_INFERENCE_API_KEY) is required; "
+                   "--no-auth to serve without one", err=True)
+        raise typer.Exit(2)
+    if no_auth:
+        get_logger("inference.scripted").warning("serving_without_auth")
+    if tasks:
+        rows = [json.loads(line) for line in Path(tasks).read_text().splitlines() if line.strip()]
+        rows = [r.get("metadata", {}).get("instance", r) for r in rows]  # prepared JSONL or raw rows
+    else:
+        from envd.tasks import load_tasks
+
+        rows = load_tasks("all")
+    asyncio.run(serve(tokenizer, mode, host, port, api_key, weight_version, rows,
+                      redis_url or cfg.redis.url, cfg.keys, server_id=server_id, sleep_s=sleep_s))

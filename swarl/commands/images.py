@@ -26,10 +26,10 @@ def build_tasks(
     (debootstrap), then one image per task with its repository committed at /testbed."""
     import docker
 
+    from common.services import ensure_docker
     from envd.images import build_task_images, ensure_base_image
     from envd.tasks import load_tasks
     from swarl.cliutil import load
-    from swarl.services import ensure_docker
 
     load(config, sets)
     try:

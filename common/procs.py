@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("procs")
 

@@ -1,4 +1,4 @@
-"""`swarl envd ...`, `swarl pool ...` (and `swarl images ...`, from envd.images_cli)."""
+"""`swarl envd ...`, `swarl pool ...`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from typing import Annotated
 
 import typer
 
-from envd.images_cli import images_app
 from swarl.cliutil import ConfigOpt, SetOpt, load
 
 envd_app = typer.Typer(help="The Docker exec daemon (one per Docker node).", no_args_is_help=True)
 pool_app = typer.Typer(help="The lease pool in front of the envd nodes.", no_args_is_help=True)
 
-__all__ = ["envd_app", "images_app", "pool_app"]
+__all__ = ["envd_app", "pool_app"]
 
 HostOpt = Annotated[str | None, typer.Option("--host", help="Bind address (default from config).")]
 PortOpt = Annotated[int | None, typer.Option("--port", help="Port (default from config).")]
@@ -23,11 +22,12 @@ NoAuthOpt = Annotated[
 
 
 def _token(configured: str | None, token_file: str | None, no_auth: bool) -> str | None:
-    from envd.httputil import resolve_token
-    from swarl.logs import get_logger
+    from common.http import resolve_token
+    from common.logs import get_logger
+    from envd.httputil import TOKEN_ENV
 
     try:
-        token = resolve_token(configured, token_file, no_auth)
+        token = resolve_token(configured, token_file, no_auth, TOKEN_ENV, "envd.token")
     except (ValueError, OSError) as e:
         typer.echo(f"swarl: {e}", err=True)
         raise typer.Exit(2) from None
@@ -53,11 +53,12 @@ def envd_serve(
 
     import uvicorn
 
+    from common.services import ensure_docker
     from envd.daemon import create_app, default_node_id
-    from swarl.services import ensure_docker
 
     docker_url = cfg.envd.docker_url or ensure_docker()
-    app = create_app(cfg, token, cfg.envd.node_id or default_node_id(cfg.envd.port), docker_url)
+    app = create_app(cfg.envd, token, cfg.envd.node_id or default_node_id(cfg.envd.port), docker_url,
+                     cfg.keys, cfg.redis if cfg.redis.url else None)
     uvicorn.run(app, host=cfg.envd.host, port=cfg.envd.port, log_level="warning",
                 timeout_graceful_shutdown=10)
 
@@ -77,20 +78,21 @@ def pool_serve(
     cfg = load(config, sets, extra={"pool.host": host, "pool.port": port, "pool.exec_urls": urls})
     token = _token(cfg.envd.token, token_file, no_auth)
     # The pool talks to nodes with the envd token even when its own port is open (--no-auth).
-    from envd.httputil import resolve_token
+    from common.http import resolve_token
+    from envd.httputil import TOKEN_ENV
 
     try:
-        node_token: str | None = resolve_token(cfg.envd.token, token_file, False)
+        node_token: str | None = resolve_token(cfg.envd.token, token_file, False, TOKEN_ENV, "envd.token")
     except (ValueError, OSError):
         node_token = None
 
     import uvicorn
 
+    from common.services import redis_for_command
     from envd.pool import create_app
-    from swarl.services import redis_for_command
 
     with redis_for_command(cfg.redis.url, cfg.run.dir) as redis_url:
-        app = create_app(cfg, redis_url, token, node_token)
+        app = create_app(cfg.pool, cfg.envd, cfg.redis_at(redis_url), cfg.keys, token, node_token)
         uvicorn.run(app, host=cfg.pool.host, port=cfg.pool.port, log_level="warning",
                     timeout_graceful_shutdown=10)
 
@@ -117,7 +119,7 @@ def _node_cmd(url: str, action: str, pool_url: str | None, token_file: str | Non
     from envd.pool import PoolState
 
     async def go() -> None:
-        state = await PoolState.open(cfg, cfg.redis.url)
+        state = await PoolState.open(cfg.pool, cfg.redis, cfg.keys)
         try:
             if action == "add":
                 await state.add_node(url)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("services")
 

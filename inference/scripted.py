@@ -1,7 +1,7 @@
 """A deterministic scripted policy for tests, benchmarks and the demo.
 
 `ScriptedPolicy` answers fixed turns per instance (the Policy protocol, in-process; a row's
-`swarl_scripted_mode` overrides the server's mode); `python -m actors.scripted_policy serve` serves the same answers over SGLang's /generate API (plus
+`swarl_scripted_mode` overrides the server's mode); `swarl scripted-policy serve` serves the same answers over SGLang's /generate API (plus
 /get_weight_version, /update_weight_version, /health, /health_generate, /get_model_info) and
 registers in the server registry as ready, so `swarl actor` uses it like any inference server.
 Answers are tokenized with the model's tokenizer and end with the eos token; every token gets
@@ -18,7 +18,9 @@ from typing import Any
 from fastapi import FastAPI, Request  # module level: FastAPI resolves handler annotations here
 from fastapi.responses import JSONResponse
 
-from actors.protocols import Generation
+from broker.keys import Keys
+from inference.api_schema import add_api_key
+from inference.generation import Generation
 
 SCRIPTED_LOGPROB = math.log(0.9)
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
@@ -103,11 +105,8 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
     def err(status: int, msg: str) -> JSONResponse:
         return JSONResponse({"error": {"message": msg}}, status_code=status)
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
-            return JSONResponse({"error": {"message": "Unauthorized"}}, status_code=401)
-        return await call_next(request)
+    if api_key:
+        add_api_key(app, api_key)
 
     @app.post("/generate")
     async def generate(request: Request) -> Any:
@@ -159,7 +158,7 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
 
 async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: str | None,
                 weight_version: str, tasks: list[dict[str, Any]], redis_url: str | None,
-                run_id: str, prefix: str = "swarl", server_id: str | None = None,
+                keys: Keys | None, server_id: str | None = None,
                 advertise_url: str | None = None, heartbeat_s: float = 2.0, sleep_s: int = 30) -> None:
     """Run the scripted server; with redis_url, register as ready and heartbeat until stopped."""
     import contextlib
@@ -175,15 +174,14 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
     url = advertise_url or f"http://{host}:{port}"
     beat: asyncio.Task[None] | None = None
     reg = None
-    if redis_url:
+    if redis_url and keys is not None:
         from broker.connection import connect
-        from broker.keys import Keys
-        from broker.registry import ServerRegistry
+        from broker.registry import ServerMeta, ServerRegistry
 
         r = connect(redis_url)
-        reg = ServerRegistry(r, Keys(prefix, run_id))
+        reg = ServerRegistry(r, keys)
         ver = int(weight_version) if weight_version.isdigit() else None
-        await reg.register(sid, url, ver, state="ready", meta={"scripted": mode})
+        await reg.register(sid, url, ver, state="ready", meta=ServerMeta(kind="scripted", model=tokenizer_dir))
 
         async def _beat() -> None:
             while True:
@@ -201,9 +199,3 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
         if reg is not None:
             with contextlib.suppress(Exception):
                 await reg.remove(sid)
-
-
-if __name__ == "__main__":  # python -m actors.scripted_policy serve ...
-    from actors.cli import scripted_app
-
-    scripted_app()

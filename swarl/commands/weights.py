@@ -18,7 +18,6 @@ def _manifests(cfg) -> tuple[int | None, dict[int, dict]]:
     import asyncio
 
     from broker.connection import connect
-    from broker.keys import Keys
     from broker.registry import PolicyRegistry
     from weight_sync import disk
 
@@ -32,7 +31,7 @@ def _manifests(cfg) -> tuple[int | None, dict[int, dict]]:
         async def read() -> tuple[int, dict[int, dict]]:
             r = connect(cfg.redis.url, cfg.redis)
             try:
-                reg = PolicyRegistry(r, Keys(prefix=cfg.redis.prefix, run=cfg.run.id))
+                reg = PolicyRegistry(r, cfg.keys)
                 return await reg.current(), await reg.manifests()
             finally:
                 await r.aclose()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import ActorConfig
-from swarl.logs import get_logger
+from common.logs import get_logger
 
 log = get_logger("eval")
 

@@ -1,0 +1,1 @@
+"""The `swarl` subcommands, one module per component or operator task (mounted by swarl.cli)."""
