@@ -9,11 +9,13 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/python -m pytest -q -p no:cacheprovider $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 bench: setup
 	for b in benchmarks/*.py; do .venv/bin/python $$b || exit 1; done
