@@ -7,7 +7,9 @@ not a crash. Replies are bytes (the sample wire format is binary).
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
 import redis
@@ -20,6 +22,7 @@ from redis.retry import Retry
 from broker.config import RedisConfig
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+T = TypeVar("T")
 _RETRY_ON = [ConnectionError, TimeoutError, BusyLoadingError]
 
 
@@ -87,3 +90,11 @@ def connect(url: str, cfg: RedisConfig | None = None) -> aioredis.Redis:
 
 def connect_sync(url: str, cfg: RedisConfig | None = None) -> redis.Redis:
     return _client(url, cfg, sync=True)
+
+
+async def reply(value: Awaitable[T] | T) -> T:
+    """Await one command of a redis.asyncio client. redis-py types every command as
+    `Awaitable[T] | T` (one signature for its sync and async clients); an asyncio client always
+    returns the awaitable."""
+    assert inspect.isawaitable(value), "not a redis.asyncio reply"
+    return await value

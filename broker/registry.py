@@ -14,6 +14,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.connection import reply
 from broker.keys import ACTOR_TTL_S, PIN_TTL_S, SERVER_TTL_S, Keys
 
 SERVER_STATES = ("starting", "ready", "draining", "updating", "failed")
@@ -68,15 +69,15 @@ class PolicyRegistry:
                                        args=[version, json.dumps(doc)]))
 
     async def manifest(self, version: int) -> dict[str, Any] | None:
-        raw = await self.redis.hget(self.keys.policy_manifests, str(version))
+        raw = await reply(self.redis.hget(self.keys.policy_manifests, str(version)))
         return json.loads(raw) if raw else None
 
     async def manifests(self) -> dict[int, dict[str, Any]]:
-        raw = await self.redis.hgetall(self.keys.policy_manifests)
+        raw = await reply(self.redis.hgetall(self.keys.policy_manifests))
         return {int(_s(k)): json.loads(v) for k, v in sorted(raw.items(), key=lambda kv: int(_s(kv[0])))}
 
     async def delete_manifest(self, version: int) -> None:
-        await self.redis.hdel(self.keys.policy_manifests, str(version))
+        await reply(self.redis.hdel(self.keys.policy_manifests, str(version)))
 
 
 @dataclass
@@ -173,7 +174,7 @@ class ServerRegistry:
         return out
 
     async def _ids(self) -> list[str]:
-        return sorted(_s(x) for x in await self.redis.smembers(self.keys.servers))
+        return sorted(_s(x) for x in await reply(self.redis.smembers(self.keys.servers)))
 
     async def _set(self, server_id: str, beat: bool, **fields: Any) -> None:
         """Write fields; only the server's own calls (beat=True) refresh its heartbeat, so a dead
@@ -299,10 +300,10 @@ class ActorRegistry:
         await pipe.execute()
 
     async def list(self) -> list[dict[str, Any]]:
-        ids = sorted(_s(x) for x in await self.redis.smembers(self.keys.actors))
+        ids = sorted(_s(x) for x in await reply(self.redis.smembers(self.keys.actors)))
         out, gone = [], []
         for aid in ids:
-            h = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.keys.actor(aid))).items()}
+            h = {_s(k): _s(v) for k, v in (await reply(self.redis.hgetall(self.keys.actor(aid)))).items()}
             if not h:
                 gone.append(aid)  # TTL ran out: the actor died without deregistering
                 continue
@@ -312,7 +313,7 @@ class ActorRegistry:
                         "heartbeat": float(h.get("heartbeat") or 0),
                         "totals": json.loads(h.get("totals") or "{}")})
         if gone:
-            await self.redis.srem(self.keys.actors, *gone)
+            await reply(self.redis.srem(self.keys.actors, *gone))
         return out
 
     async def _now(self) -> float:

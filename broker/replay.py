@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from broker.connection import reply
 from broker.keys import Keys
 from broker.wire import Sample, WireError, decode, encode
 from common.logs import get_logger
@@ -50,7 +51,7 @@ class ReplayWriter:
             ids.extend(_sid(x) for x in res[: len(chunk)])
         if bucket % 10 == 0:  # now and then, forget old rate buckets
             old = [str(b) for b in range(bucket - RATE_KEEP_BUCKETS - 10, bucket - RATE_KEEP_BUCKETS)]
-            await self.redis.hdel(self.keys.samples_rate, *old)
+            await reply(self.redis.hdel(self.keys.samples_rate, *old))
         return ids
 
 

@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from broker.admission import Admission
 from broker.config import AdmissionConfig, ReplayConfig
+from broker.connection import reply
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from broker.registry import ActorRegistry, PolicyRegistry, ServerRegistry
 from broker.replay import RATE_BUCKET_S
@@ -36,14 +37,14 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
     except ResponseError:
         pass  # no stream yet
     now_bucket = int(time.time()) // RATE_BUCKET_S
-    buckets = await redis.hmget(keys.samples_rate, [str(now_bucket - i) for i in range(1, 6)])
+    buckets = await reply(redis.hmget(keys.samples_rate, [str(now_bucket - i) for i in range(1, 6)]))
     per_min = sum(int(b or 0) for b in buckets) / 5 / (RATE_BUCKET_S / 60)
-    stats = {_s(k): int(v) for k, v in (await redis.hgetall(keys.stats)).items()}
-    learner = {_s(k): _s(v) for k, v in (await redis.hgetall(keys.learner_state)).items()}
+    stats = {_s(k): int(v) for k, v in (await reply(redis.hgetall(keys.stats))).items()}
+    learner = {_s(k): _s(v) for k, v in (await reply(redis.hgetall(keys.learner_state))).items()}
     return {
         "run": keys.run,
         "queue": {"depth": await redis.zcard(keys.queue), "running": in_progress,
-                  "failed": await redis.hlen(keys.jobs_failed), "done": await redis.scard(keys.jobs_done)},
+                  "failed": await reply(redis.hlen(keys.jobs_failed)), "done": await reply(redis.scard(keys.jobs_done))},
         "stream": {"length": stream_len, "dead_letter": await redis.xlen(keys.replay_dead),
                    "group": group},
         "policy": {"current": await PolicyRegistry(redis, keys).current(),

@@ -25,7 +25,7 @@ from arq.connections import ArqRedis, RedisSettings
 from arq.worker import Retry, func
 
 from broker.config import QueueConfig
-from broker.connection import SENTINEL_SCHEMES, _sentinel_parts
+from broker.connection import SENTINEL_SCHEMES, _sentinel_parts, reply
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from common.logs import get_logger
 
@@ -83,8 +83,8 @@ async def enqueue_jobs(pool: ArqRedis, keys: Keys, jobs: Iterable[Job]) -> tuple
     jobs = list(jobs)
     if not jobs:
         return 0, 0
-    done = await pool.smismember(keys.jobs_done, [j.job_id for j in jobs])
-    failed = await pool.hmget(keys.jobs_failed, [j.job_id for j in jobs])
+    done = await reply(pool.smismember(keys.jobs_done, [j.job_id for j in jobs]))
+    failed = await reply(pool.hmget(keys.jobs_failed, [j.job_id for j in jobs]))
     added = skipped = 0
     for job, is_done, is_failed in zip(jobs, done, failed, strict=True):
         if is_done or is_failed:
@@ -100,7 +100,7 @@ async def enqueue_jobs(pool: ArqRedis, keys: Keys, jobs: Iterable[Job]) -> tuple
 
 
 async def mark_done(redis: aioredis.Redis, keys: Keys, job_id: str) -> None:
-    await redis.sadd(keys.jobs_done, job_id)
+    await reply(redis.sadd(keys.jobs_done, job_id))
 
 
 async def record_failure(redis: aioredis.Redis, keys: Keys, job_id: str, reason: str,

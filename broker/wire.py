@@ -112,8 +112,8 @@ def encode(s: Sample) -> bytes:
         },
         use_bin_type=True,
     )
-    return b"".join((_HEAD.pack(MAGIC, len(header)), header, memoryview(s.tokens),
-                     memoryview(s.loss_mask), memoryview(s.rollout_logprobs)))
+    return b"".join((_HEAD.pack(MAGIC, len(header)), header, s.tokens.data,
+                     s.loss_mask.data, s.rollout_logprobs.data))
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {

@@ -40,11 +40,11 @@ def resolve_token(configured: str | None, token_file: str | None, no_auth: bool,
     if no_auth:
         return None
     if token_file:
-        token = Path(token_file).read_text().strip()
-        if not token:
+        from_file = Path(token_file).read_text().strip()
+        if not from_file:
             raise TokenError(f"--token-file {token_file} is empty")
-        return token
-    token = configured or os.environ.get(env_var) or None
+        return from_file
+    token = configured or os.environ.get(env_var)
     if not token:
         raise TokenError(f"no token: set {config_key}, {env_var} or --token-file "
                          "(or pass --no-auth on a trusted network)")

@@ -120,7 +120,7 @@ def render() -> str:
     for name, info in sections:
         model = info.annotation
         out += ["", f"## {name}", ""]
-        doc = (model.__doc__ or "").strip()  # type: ignore[union-attr]
+        doc = (model.__doc__ or "").strip()
         if doc and not doc.startswith("A config section"):
             out += [" ".join(doc.split()), ""]
         out += _section_table(model, f"{name}.", aliases)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ import yaml
 
 from common.logs import get_logger
 from common.procs import ProcessGroup, swarl_exe, wait_http
-from common.services import ensure_docker, free_port, start_redis
+from common.services import RedisProcess, ensure_docker, free_port, start_redis
 from swarl.config import CONFIG_DIR, REPO_ROOT, SwarlConfig, load_config
 
 log = get_logger("demo")
@@ -60,7 +60,7 @@ class Demo:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         self.run_dir = Path(opts.run_dir or REPO_ROOT / "runs" / f"demo-{stamp}").resolve()
         self.procs = ProcessGroup(self.run_dir / "logs")
-        self.redis = None
+        self.redis: RedisProcess | None = None
         self.tokens = {k: secrets.token_hex(16) for k in ("envd", "inference")}
         self.server_urls: list[str] = []
 

@@ -50,8 +50,8 @@ def enqueue(
     except FileNotFoundError as e:
         typer.echo(f"swarl enqueue: {e}", err=True)
         raise typer.Exit(2) from None
-    for e in errors:
-        typer.echo(f"swarl enqueue: skipped {data}: {e}", err=True)
+    for bad in errors:
+        typer.echo(f"swarl enqueue: skipped {data}: {bad}", err=True)
     typer.echo(f"enqueued {added} jobs ({skipped} already queued or done) from {rows} rows; "
                f"{len(errors)} bad rows skipped; queue {keys.queue}")
 

@@ -42,7 +42,7 @@ def demo(
 
 
 def eval_(
-    data: Annotated[str, typer.Option("--data", help="JSONL: the seed's prepared format or raw SWE rows.")],
+    data: Annotated[str, typer.Option("--data", help="JSONL: prepared rows ({text, metadata: {instance, data_source}}) or raw SWE rows.")],
     server: Annotated[str, typer.Option("--server", help="Inference server URL (swarl CPU server or SGLang).")],
     out: Annotated[str, typer.Option("--out", help="Output directory (results.jsonl, summary.json, trajectories).")],
     pool_url: Annotated[str | None, typer.Option("--pool-url", help="Pool URL (default pool.url).")] = None,
@@ -58,6 +58,7 @@ def eval_(
 ) -> None:
     """Evaluate a policy on SWE instances without training (resumable)."""
     from actors.evaluate import EvalTarget, evaluate
+    from actors.rows import file_row
     from envd.dataset import RowError, read_rows
 
     cfg = load(config, sets, extra={"actor.step_limit": step_limit, "actor.sampling.max_new_tokens": max_tokens,
@@ -71,14 +72,16 @@ def eval_(
     except FileNotFoundError as e:
         typer.echo(f"swarl eval: {e}", err=True)
         raise typer.Exit(2) from None
-    for e in errors:
-        typer.echo(f"swarl eval: skipped {data}: {e}", err=True)
+    for bad in errors:
+        typer.echo(f"swarl eval: skipped {data}: {bad}", err=True)
     parsed = parsed[:max_instances] if max_instances else parsed
-    rows = [r.instance for r in parsed]
-    sources = {r.data_source for r in parsed}
+    try:
+        rows = [file_row(r.instance, r.data_source) for r in parsed]
+    except ValueError as e:
+        typer.echo(f"swarl eval: {data}: {e}", err=True)
+        raise typer.Exit(2) from None
     target = EvalTarget(server, api_key or cfg.actor.inference_api_key, cfg.pool.url, cfg.envd.token,
                         cfg.actor.tokenizer)
     summary = asyncio.run(evaluate(rows, target, out, cfg.actor, max_concurrent, n_samples,
-                                   on_result=lambda r: typer.echo(json.dumps(r), err=True),
-                                   data_source=sources.pop() if len(sources) == 1 else None))
+                                   on_result=lambda r: typer.echo(json.dumps(r), err=True)))
     typer.echo(json.dumps(summary))
