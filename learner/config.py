@@ -19,8 +19,20 @@ class LearnerConfig(Section):
         "<run.dir>/model/base (where `swarl model init` puts the tiny model).")
     dtype: Literal["fp32", "bf16"] = Field("fp32", description="Parameter/compute dtype of the policy.")
     threads: int = Field(2, description="torch.set_num_threads for the learner process (CPU).")
-    tensor_parallel: int = Field(1, description="megatron: tensor-parallel size.")
-    pipeline_parallel: int = Field(1, description="megatron: pipeline-parallel size.")
+    tensor_parallel: int = Field(1, ge=1, description="megatron: tensor-parallel size.")
+    pipeline_parallel: int = Field(1, ge=1, description="megatron: pipeline-parallel size.")
+    use_distributed_optimizer: bool = Field(
+        True, description="megatron: shard optimizer state (and the fp32 main weights) over the "
+        "data-parallel ranks.")
+    overlap_grad_reduce: bool = Field(
+        True, description="megatron: reduce gradient buckets during the backward of the last "
+        "micro-batch instead of after it.")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="megatron: activation recomputation (selective: attention core; "
+        "full: whole layers) to fit longer micro-batches.")
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="Under torchrun: bound on any collective between the learner's "
+        "ranks (a dead rank ends the job sooner: its peers' sockets close).")
     # -- optimiser ------------------------------------------------------------------------
     lr: float = Field(1e-5, description="AdamW learning rate (after warm-up).")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
