@@ -42,7 +42,7 @@ def _receiver(port: int, rank: int, world: int, meta_path: str, rounds: int) -> 
     """A raw gloo receiver: join, then receive every tensor `rounds` times."""
     import torch
 
-    from weight_sync.distributed import init_custom_process_group
+    from weight_sync.update_group import init_custom_process_group
 
     torch.set_num_threads(1)
     meta = json.loads(Path(meta_path).read_text())
@@ -85,7 +85,7 @@ def _raw_gloo(tensors: list, k: int, tmp: Path, rounds: int = 2) -> float:
     import torch.distributed as dist
 
     from common.services import free_port
-    from weight_sync.distributed import init_custom_process_group
+    from weight_sync.update_group import init_custom_process_group
 
     meta = tmp / "meta.json"
     meta.write_text(json.dumps([[str(t.dtype).removeprefix("torch."), list(t.shape)] for _, t in tensors]))
@@ -149,7 +149,8 @@ async def _swarl(transport: str, k: int, servers: list, redis_url: str, run_dir:
             await task
             if i > 0:  # the first round makes groups and warms caches
                 best = min(best, dt)
-        hist = pub.coordinator.coordinator.history
+        assert pub.coordinator is not None
+        hist = pub.coordinator.history()
         assert all(r.ok for r in hist), [r for r in hist if not r.ok]
         return best, v
     finally:
@@ -161,12 +162,8 @@ async def main(mb: float, ks: list[int]) -> None:
     import torch
     from safetensors.torch import load_file
 
-    try:
-        from inference.local_server import start_cpu_server
-    except ImportError:
-        from fixtures_inference import start_cpu_server
-
     from common.services import start_redis
+    from inference.local_server import start_cpu_server
     from inference.tiny_model import init_tiny
 
     torch.set_num_threads(1)

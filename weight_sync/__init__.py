@@ -7,12 +7,28 @@ stays light (no torch at import time).
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from broker.config import RedisConfig
+    from broker.keys import Keys
+    from weight_sync.config import WeightSyncConfig
+    from weight_sync.protocols import ClientFactory
+    from weight_sync.publisher import Publisher
 
 __all__ = ["make_publisher"]
 
 
-def make_publisher(*args: Any, **kw: Any) -> Any:
-    from weight_sync.publisher import make_publisher as _make
+def make_publisher(ws: WeightSyncConfig, redis: aioredis.Redis, keys: Keys,
+                   run_dir: str | os.PathLike[str], base_model_dir: str | None,
+                   api_key: str | None = None, redis_cfg: RedisConfig | None = None,
+                   start_coordinator: bool = True,
+                   client_factory: ClientFactory | None = None) -> Publisher:
+    """See weight_sync.publisher.make_publisher."""
+    from weight_sync.publisher import make_publisher as make
 
-    return _make(*args, **kw)
+    return make(ws, redis, keys, run_dir, base_model_dir, api_key=api_key, redis_cfg=redis_cfg,
+                start_coordinator=start_coordinator, client_factory=client_factory)

@@ -5,31 +5,30 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import redis.asyncio as aioredis
+import torch
 
 from broker.config import RedisConfig
 from broker.keys import Keys
 from broker.registry import PolicyRegistry
 from common.logs import get_logger
-from weight_sync import disk
+from weight_sync import checkpoints
 from weight_sync.config import WeightSyncConfig
-from weight_sync.coordinator import (
-    ClientFactory,
-    Coordinator,
-    CoordinatorThread,
-    Snapshot,
-    default_client_factory,
-)
-from weight_sync.protocols import NamedTensors
+from weight_sync.coordinator import Coordinator, default_client_factory
+from weight_sync.coordinator_thread import CoordinatorThread
+from weight_sync.protocols import ClientFactory, NamedTensors
+from weight_sync.transports.distributed import Snapshot
 
 log = get_logger("weight_sync")
 
 
 class Publisher:
     """publish(version, step, named_tensors):
-    1. distributed transport: snapshot the tensors (clones) and hand them to the coordinator,
-       which starts broadcasting to ready servers at once;
+    1. distributed transport: snapshot the tensors (CPU copies) and offer them to the
+       coordinator, which starts loading them into ready servers at once;
     2. write the HF checkpoint (temp dir + rename, sha256 per file) — servers that join or
        restart load it, and it is the disk transport's payload;
     3. PolicyRegistry.publish(version, manifest): current = version;
@@ -38,7 +37,7 @@ class Publisher:
     Returns the manifest. The learner may go on training as soon as it returns: nothing
     here keeps a reference to its live parameters."""
 
-    def __init__(self, cfg: WeightSyncConfig, redis: Any, keys: Keys, run_dir: str,
+    def __init__(self, cfg: WeightSyncConfig, redis: aioredis.Redis, keys: Keys, run_dir: str,
                  base_model_dir: str | None, coordinator: CoordinatorThread | None) -> None:
         self.cfg, self.keys, self.run_dir, self.base_model_dir = cfg, keys, run_dir, base_model_dir
         self.policy = PolicyRegistry(redis, keys)
@@ -46,61 +45,52 @@ class Publisher:
 
     async def publish(self, version: int, step: int, named_tensors: NamedTensors) -> dict[str, Any]:
         t0 = time.monotonic()
-        if self.cfg.transport == "distributed" and self.coordinator is not None:
+        coord = self.coordinator
+        if self.cfg.transport == "distributed" and coord is not None:
             snap = Snapshot.take(version, named_tensors())
-            coord = self.coordinator.coordinator
-            assert coord is not None
-            self.coordinator.call(lambda: coord.offer(snap))
+            coord.offer(snap)
             # The disk copy only serves servers that join later: let the broadcasts that can
             # start now go first instead of competing with them for CPU and memory bandwidth.
-            await self.coordinator.wait_quiet(version, self.cfg.disk_write_defer_s)
-            manifest = await asyncio.to_thread(
-                disk.write_checkpoint, self.run_dir, version, step, snap.tensors,
-                self.base_model_dir, self.cfg.shard_mb)
+            await coord.wait_quiet(version, self.cfg.disk_write_defer_s)
+            tensors: Iterable[tuple[str, torch.Tensor]] = snap.tensors
         else:
-            manifest = await asyncio.to_thread(
-                disk.write_checkpoint, self.run_dir, version, step, named_tensors(),
-                self.base_model_dir, self.cfg.shard_mb)
-        if self.coordinator is not None and not self.cfg.verify_own_checkpoints:
-            coord = self.coordinator.coordinator
-            assert coord is not None
-            path = manifest["path"]
-            self.coordinator.call(lambda: coord.trust(version, path))
+            tensors = named_tensors()
+        manifest = await asyncio.to_thread(
+            checkpoints.write_checkpoint, self.run_dir, version, step, tensors,
+            self.base_model_dir, self.cfg.shard_mb)
+        if coord is not None and not self.cfg.verify_own_checkpoints:
+            coord.trust(manifest)
         await self.policy.publish(version, manifest)
         log.info("version_published", version=version, step=step, bytes=manifest["bytes"],
                  files=len(manifest["files"]), write_s=manifest["write_s"],
                  publish_s=round(time.monotonic() - t0, 3))
-        if self.coordinator is not None:
-            coord = self.coordinator.coordinator
-            assert coord is not None
-            self.coordinator.call(coord.wake)
+        if coord is not None:
+            coord.wake()
             if self.cfg.wait_rollout:
-                ok = await self.coordinator.wait_rolled(
+                ok = await coord.wait_rolled(
                     version, self.cfg.drain_timeout_s + self.cfg.update_timeout_s + 60)
                 if not ok:
                     log.warning("rollout_not_finished", version=version)
         return manifest
 
     def metrics(self) -> dict[str, float]:
-        c = self.coordinator.coordinator if self.coordinator else None
-        return dict(c.metrics) if c else {}
+        """The coordinator's counters (empty without a coordinator)."""
+        return self.coordinator.metrics() if self.coordinator is not None else {}
 
     async def close(self) -> None:
         if self.coordinator is not None:
             await asyncio.to_thread(self.coordinator.stop)
 
 
-def _redis_maker(redis_cfg: RedisConfig | None, redis: Any) -> Callable[[], Any]:
+def _redis_maker(redis_cfg: RedisConfig | None, redis: aioredis.Redis) -> Callable[[], aioredis.Redis]:
     """A client for the coordinator's own loop: the configured URL, else the learner's
     client's connection settings."""
 
-    def make() -> Any:
+    def make() -> aioredis.Redis:
         if redis_cfg is not None and redis_cfg.url:
             from broker.connection import connect
 
             return connect(redis_cfg.url, redis_cfg)
-        import redis.asyncio as aioredis
-
         pool = redis.connection_pool
         return aioredis.Redis(connection_pool=aioredis.ConnectionPool(
             connection_class=pool.connection_class, **pool.connection_kwargs))
@@ -108,9 +98,10 @@ def _redis_maker(redis_cfg: RedisConfig | None, redis: Any) -> Callable[[], Any]
     return make
 
 
-def make_publisher(ws: WeightSyncConfig, redis: Any, keys: Keys, run_dir: str | os.PathLike[str],
-                   base_model_dir: str | None, api_key: str | None = None,
-                   redis_cfg: RedisConfig | None = None, start_coordinator: bool = True,
+def make_publisher(ws: WeightSyncConfig, redis: aioredis.Redis, keys: Keys,
+                   run_dir: str | os.PathLike[str], base_model_dir: str | None,
+                   api_key: str | None = None, redis_cfg: RedisConfig | None = None,
+                   start_coordinator: bool = True,
                    client_factory: ClientFactory | None = None) -> Publisher:
     """The publisher the learner uses, with its rolling-update coordinator started on a thread
     of its own (start_coordinator=False: publish only; run a Coordinator elsewhere).
@@ -119,8 +110,7 @@ def make_publisher(ws: WeightSyncConfig, redis: Any, keys: Keys, run_dir: str | 
     if start_coordinator:
         key = ws.api_key or api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
         factory = client_factory or default_client_factory(key, ws.update_timeout_s)
-        make_redis = _redis_maker(redis_cfg, redis)
-        thread = CoordinatorThread(
-            lambda: Coordinator(ws, make_redis(), keys, str(run_dir), factory))
+        thread = CoordinatorThread(_redis_maker(redis_cfg, redis),
+                                   lambda r: Coordinator(ws, r, keys, str(run_dir), factory))
         thread.start()
     return Publisher(ws, redis, keys, str(run_dir), base_model_dir, thread)

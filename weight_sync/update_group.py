@@ -1,25 +1,26 @@
-"""The trainer side of SGLang's distributed weight update (rank 0 broadcasts).
+"""Rank 0 of a weight-update group: the trainer's side of SGLang's distributed weight update.
 
-A group is made the way SGLang's own `init_custom_process_group` (and slime, OpenRLHF) make
-theirs: a TCP rendezvous at master_address:master_port, a PrefixStore named after the group,
-and a ProcessGroup of its own — never the default group, so a learner that uses
-torch.distributed for training is not disturbed, and many groups can live and die in one
-process. Rank layout: the trainer is rank 0, server i joins at rank_offset = 1 + the tp sizes
-of the servers before it, world_size = 1 + all tp sizes.
+A group is made the way an SGLang server expects its trainer to make it: a TCP rendezvous at
+master_address:master_port, the store wrapped in PrefixStore(group_name), and a ProcessGroup of
+its own — never the default group, so a learner that uses torch.distributed for training is not
+disturbed, and many groups can live and die in one process. Rank layout: the trainer is rank 0,
+server i joins at rank_offset = 1 + the tp sizes of the servers before it (its tensor-parallel
+ranks at rank_offset + tp_rank), world_size = 1 + all tp sizes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from common.logs import get_logger
 from common.services import free_port
+from weight_sync.protocols import ServerClient
 
 log = get_logger("weight_sync")
 
@@ -33,8 +34,8 @@ def init_custom_process_group(
     timeout: timedelta = timedelta(seconds=60),
     prefix_store: bool = True,
 ) -> Any:
-    """A ProcessGroup outside the default group. Both sides must build the store alike:
-    SGLang's receiver wraps the rendezvous store in PrefixStore(group_name)."""
+    """A ProcessGroup outside the default group. Both sides must build the store alike: the
+    receiving servers wrap the rendezvous store in PrefixStore(group_name)."""
     from torch.distributed import distributed_c10d as c10d
 
     store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
@@ -43,7 +44,7 @@ def init_custom_process_group(
         store = c10d.PrefixStore(group_name, store)
     pg, _ = c10d._new_process_group_helper(
         world_size, rank, [], c10d.Backend(backend), store,
-        group_name=group_name, backend_options=None, timeout=timeout,
+        group_name=cast("c10d.GroupName", group_name), backend_options=None, timeout=timeout,
     )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
@@ -87,21 +88,13 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
         yield cur
 
 
-class GroupTarget:
-    """What the group needs from one server (SGLangClient's method names and fields)."""
-
-    async def init_weights_update_group(self, **kw: Any) -> dict: ...
-    async def update_weights_from_distributed(self, **kw: Any) -> dict: ...
-    async def destroy_weights_update_group(self, **kw: Any) -> dict: ...
-
-
 @dataclass
 class UpdateGroup:
     """Rank 0 of one weight-update group over `members` (server ids with their clients)."""
 
     name: str
     members: list[str]
-    clients: list[Any]
+    clients: list[ServerClient]
     tp_sizes: list[int]
     backend: str = "gloo"
     master_address: str = "127.0.0.1"
@@ -109,7 +102,6 @@ class UpdateGroup:
     device: str = "cpu"
     prefix_store: bool = True
     pg: Any = None
-    stats: dict[str, float] = field(default_factory=dict)
 
     async def connect(self) -> None:
         """Every server's /init_weights_update_group runs while rank 0 joins (SGLang's order)."""
@@ -150,8 +142,7 @@ class UpdateGroup:
             w.wait(timedelta(seconds=self.timeout_s))
 
     async def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int,
-                   bucket_bytes: int, on_bucket: Callable[[int], Awaitable[None]] | None = None
-                   ) -> int:
+                   bucket_bytes: int) -> int:
         """Send all tensors bucket by bucket: POST the bucket's metadata to every member and
         broadcast its tensors at the same time; weight_version rides on the last bucket only,
         so a server reports the new version once it holds all of it. Returns bytes sent."""
@@ -162,8 +153,6 @@ class UpdateGroup:
         for bucket in buckets(named, bucket_bytes):
             if pending is not None:
                 sent += await self._send_bucket(pending, None)
-                if on_bucket:
-                    await on_bucket(sent)
             pending = bucket
         if pending is None:
             raise RuntimeError("no tensors to send")
@@ -194,16 +183,15 @@ class UpdateGroup:
                                    f"{ans.get('message')}")
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    async def close(self, tell_servers: bool = True) -> None:
+    async def close(self) -> None:
         """Destroy the group on the servers (best effort: one may be gone) and here."""
-        if tell_servers:
-            res = await asyncio.gather(*[
-                asyncio.wait_for(c.destroy_weights_update_group(group_name=self.name), 10)
-                for c in self.clients], return_exceptions=True)
-            for member, r in zip(self.members, res, strict=True):
-                if isinstance(r, BaseException):
-                    log.warning("destroy_group_on_server_failed", group=self.name, server=member,
-                                error=repr(r))
+        res = await asyncio.gather(*[
+            asyncio.wait_for(c.destroy_weights_update_group(group_name=self.name), 10)
+            for c in self.clients], return_exceptions=True)
+        for member, r in zip(self.members, res, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("destroy_group_on_server_failed", group=self.name, server=member,
+                            error=repr(r))
         if self.pg is not None:
             pg, self.pg = self.pg, None
             await asyncio.to_thread(destroy_process_group, pg)

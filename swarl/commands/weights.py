@@ -3,46 +3,50 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from swarl.cliutil import ConfigOpt, SetOpt, load
+from swarl.config import SwarlConfig
+
+Manifest = dict[str, Any]
 
 app = typer.Typer(help="Policy versions and weight delivery.", no_args_is_help=True)
 
 
-def _manifests(cfg) -> tuple[int | None, dict[int, dict]]:
+def _manifests(cfg: SwarlConfig) -> tuple[int | None, dict[int, Manifest]]:
     """(current, manifests) from the policy registry, merged with what is on disk (so the
     commands also work on a run directory without its Redis)."""
     import asyncio
 
     from broker.connection import connect
     from broker.registry import PolicyRegistry
-    from weight_sync import disk
+    from weight_sync import checkpoints
 
-    found: dict[int, dict] = {}
-    for v in disk.on_disk_versions(cfg.run.dir):
-        m = disk.read_manifest(cfg.run.dir, v)
+    found: dict[int, Manifest] = {}
+    for v in checkpoints.on_disk_versions(cfg.run.dir):
+        m = checkpoints.read_manifest(cfg.run.dir, v)
         if m:
             found[v] = {**m, "source": "disk"}
     current = None
-    if cfg.redis.url:
-        async def read() -> tuple[int, dict[int, dict]]:
-            r = connect(cfg.redis.url, cfg.redis)
+    url = cfg.redis.url
+    if url:
+        async def read(url: str) -> tuple[int, dict[int, Manifest]]:
+            r = connect(url, cfg.redis)
             try:
-                reg = PolicyRegistry(r, cfg.keys)
-                return await reg.current(), await reg.manifests()
+                policy = PolicyRegistry(r, cfg.keys)
+                return await policy.current(), await policy.manifests()
             finally:
                 await r.aclose()
 
+        registered: dict[int, Manifest] = {}
         try:
-            current, reg = asyncio.run(read())
+            current, registered = asyncio.run(read(url))
         except Exception as e:
-            typer.echo(f"swarl: policy registry at {cfg.redis.url} not readable ({e}); "
+            typer.echo(f"swarl: policy registry at {url} not readable ({e}); "
                        "showing the run directory only", err=True)
-            reg = {}
-        for v, m in reg.items():
+        for v, m in registered.items():
             found[v] = {**found.get(v, {}), **m, "source": "registry" + ("+disk" if v in found else "")}
     return current, dict(sorted(found.items()))
 
@@ -77,13 +81,13 @@ def verify_version(
     sets: SetOpt = None,
 ) -> None:
     """Check every file of VERSION against the sha256 in its manifest (exit 1 if bad)."""
-    from weight_sync import disk
+    from weight_sync import checkpoints
 
     cfg = load(config, sets)
     _, found = _manifests(cfg)
     try:
-        path = disk.verify(found.get(version), version)
-    except disk.CheckpointError as e:
+        path = checkpoints.verify(found.get(version), version)
+    except checkpoints.CheckpointError as e:
         typer.echo(f"swarl: {e}", err=True)
         raise typer.Exit(1) from None
     m = found[version]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from weight_sync.distributed import buckets, dtype_name, rank_layout
+from weight_sync.update_group import buckets, dtype_name, rank_layout
 
 
 def test_rank_layout_follows_sglang() -> None:

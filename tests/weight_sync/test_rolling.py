@@ -11,6 +11,7 @@ import asyncio
 
 from ws_helpers import (
     API_KEY,
+    all_at,
     expected_checksum,
     learner_tensors,
     server_checksum,
@@ -19,12 +20,7 @@ from ws_helpers import (
 
 from broker.registry import PolicyRegistry, ServerRegistry
 from inference.client import SGLangClient
-from weight_sync import disk
-
-
-async def _all_at(servers: ServerRegistry, n: int, version: int) -> bool:
-    infos = await servers.list(alive_only=True)
-    return len(infos) == n and all(s.state == "ready" and s.version == version for s in infos)
+from weight_sync import checkpoints
 
 
 async def _episodes(registry: ServerRegistry, client_for, n_workers: int, stop: asyncio.Event,
@@ -64,7 +60,7 @@ async def test_rolling_updates_disk_then_gloo_under_load(ws_cfg, aredis, keys, s
                                                          publisher_factory, tiny_model_dir):
     srvs = start_servers(2)
     registry = ServerRegistry(aredis, keys)
-    await wait_for(lambda: _all_at(registry, 2, 0), 60, "2 servers ready at 0")
+    await wait_for(lambda: all_at(registry, 2, 0), 60, "2 servers ready at 0")
     clients: dict[str, SGLangClient] = {}
 
     def client_for(url: str) -> SGLangClient:
@@ -83,17 +79,17 @@ async def test_rolling_updates_disk_then_gloo_under_load(ws_cfg, aredis, keys, s
         pub = publisher_factory(ws_cfg)  # disk
         for v, t in ((1, t1), (2, t2)):
             await pub.publish(v, v, lambda t=t: iter(t))
-            assert await _all_at(registry, 2, v), list(pub.coordinator.coordinator.history)
+            assert await all_at(registry, 2, v), pub.coordinator.history()
             checks[v] = {await server_checksum(s.url) for s in srvs}
-        history += pub.coordinator.coordinator.history
+        history += pub.coordinator.history()
         await pub.close()
         ws_cfg.weight_sync.transport = "distributed"
         pub = publisher_factory(ws_cfg)
         for v, t in ((3, t1), (4, t2)):  # the same tensors again, now over gloo
             await pub.publish(v, v, lambda t=t: iter(t))
-            assert await _all_at(registry, 2, v), list(pub.coordinator.coordinator.history)
+            assert await all_at(registry, 2, v), pub.coordinator.history()
             checks[v] = {await server_checksum(s.url) for s in srvs}
-        history += pub.coordinator.coordinator.history
+        history += pub.coordinator.history()
         await asyncio.sleep(0.2)
     finally:
         stop.set()
@@ -123,9 +119,9 @@ async def test_late_joiner_and_refused_checkpoints(ws_cfg, aredis, keys, start_s
     start_servers(1)
     registry = ServerRegistry(aredis, keys)
     policy = PolicyRegistry(aredis, keys)
-    await wait_for(lambda: _all_at(registry, 1, 0), 60, "server ready at 0")
+    await wait_for(lambda: all_at(registry, 1, 0), 60, "server ready at 0")
     pub = publisher_factory(ws_cfg)
-    coord = pub.coordinator.coordinator
+    coord = pub.coordinator
     t2 = learner_tensors(tiny_model_dir, 2)
     await pub.publish(1, 1, lambda: iter(learner_tensors(tiny_model_dir, 1)))
     await pub.publish(2, 2, lambda: iter(t2))
@@ -144,38 +140,38 @@ async def test_late_joiner_and_refused_checkpoints(ws_cfg, aredis, keys, start_s
     assert states[0] == ("starting", 0) and all(v == 2 for st, v in states if st == "ready")
     assert (await registry.get(late.server_id)).version == 2
     assert await server_checksum(late.url) == expected_checksum(t2)
-    assert [r.transport for r in coord.history if r.server == late.server_id] == ["disk"]
+    assert [r.transport for r in coord.history() if r.server == late.server_id] == ["disk"]
 
     # v3 is written, then corrupted before the coordinator sees it; v4's checkpoint is missing
-    m3 = disk.write_checkpoint(ws_cfg.run.dir, 3, 3, learner_tensors(tiny_model_dir, 3), tiny_model_dir)
-    p = disk.version_dir(ws_cfg.run.dir, 3) / "model.safetensors"
+    m3 = checkpoints.write_checkpoint(ws_cfg.run.dir, 3, 3, learner_tensors(tiny_model_dir, 3), tiny_model_dir)
+    p = checkpoints.version_dir(ws_cfg.run.dir, 3) / "model.safetensors"
     raw = bytearray(p.read_bytes())
     raw[len(raw) // 2] ^= 0x55
     p.write_bytes(bytes(raw))
     await policy.publish(3, m3)
-    pub.coordinator.call(coord.wake)
-    await wait_for(lambda: 3 in coord.refused, 20, "v3 refused")
-    assert "version 3: file model.safetensors is corrupt" in coord.refused[3][1]
-    await policy.publish(4, {**m3, "version": 4, "path": str(disk.version_dir(ws_cfg.run.dir, 4))})
-    pub.coordinator.call(coord.wake)
-    await wait_for(lambda: 4 in coord.refused, 20, "v4 refused")
-    assert "is missing" in coord.refused[4][1]
+    coord.wake()
+    await wait_for(lambda: 3 in coord.refusals(), 20, "v3 refused")
+    assert "version 3: file model.safetensors is corrupt" in coord.refusals()[3]
+    await policy.publish(4, {**m3, "version": 4, "path": str(checkpoints.version_dir(ws_cfg.run.dir, 4))})
+    coord.wake()
+    await wait_for(lambda: 4 in coord.refusals(), 20, "v4 refused")
+    assert "is missing" in coord.refusals()[4]
     await asyncio.sleep(1.0)
-    assert await _all_at(registry, 2, 2)  # untouched: ready at the old version, still serving
+    assert await all_at(registry, 2, 2)  # untouched: ready at the old version, still serving
     for s in await registry.list():
         async with SGLangClient(s.url, api_key=API_KEY, timeout_s=30) as c:
             g = await c.generate([1, 2, 3], {"max_new_tokens": 2, "temperature": 0})
         assert str(g.weight_version) == "2"
         assert await server_checksum(s.url) == expected_checksum(t2)
-    assert all(r.ok for r in coord.history), list(coord.history)
-    assert coord.metrics["versions_refused"] == 2
+    assert all(r.ok for r in coord.history()), coord.history()
+    assert pub.metrics()["versions_refused"] == 2
 
     # the run goes on: the next good version reaches both (over gloo: the joiner gets a group)
     t5 = learner_tensors(tiny_model_dir, 5)
     await pub.publish(5, 5, lambda: iter(t5))
-    assert await _all_at(registry, 2, 5), list(coord.history)
+    assert await all_at(registry, 2, 5), coord.history()
     assert {await server_checksum(s.url) for s in await registry.list()} == {expected_checksum(t5)}
-    assert [r.transport for r in coord.history][-2:] == ["distributed", "distributed"]
+    assert [r.transport for r in coord.history()][-2:] == ["distributed", "distributed"]
 
 
 async def test_retention_and_drain_timeout_choices(ws_cfg, aredis, keys, start_servers,
@@ -187,38 +183,37 @@ async def test_retention_and_drain_timeout_choices(ws_cfg, aredis, keys, start_s
     ws.drain_timeout_s = 0.5
     start_servers(1)
     registry = ServerRegistry(aredis, keys)
-    await wait_for(lambda: _all_at(registry, 1, 0), 60, "server ready at 0")
+    await wait_for(lambda: all_at(registry, 1, 0), 60, "server ready at 0")
     pub = publisher_factory(ws_cfg)
-    coord = pub.coordinator.coordinator
     await pub.publish(1, 1, lambda: iter(learner_tensors(tiny_model_dir, 1)))
-    await wait_for(lambda: _all_at(registry, 1, 1), 30, "server at 1")
+    await wait_for(lambda: all_at(registry, 1, 1), 30, "server at 1")
 
     # "wait": an episode outlives the next versions; its server stays at v1, so v1 stays
     held = await registry.pin("long-episode")
     assert held is not None and held.version == 1
     for v in (2, 3, 4):
         await pub.publish(v, v, lambda v=v: iter(learner_tensors(tiny_model_dir, v)))
-    await wait_for(lambda: disk.on_disk_versions(ws_cfg.run.dir) == [1, 3, 4], 20,
-                   f"v2 deleted, v1 kept {list(coord.history)}")
+    await wait_for(lambda: checkpoints.on_disk_versions(ws_cfg.run.dir) == [1, 3, 4], 20,
+                   f"v2 deleted, v1 kept {pub.coordinator.history()}")
     await asyncio.sleep(1.2)  # > 2 drain timeouts
     s = await registry.get(held.id)
     assert s.state == "draining" and s.version == 1
-    assert coord.metrics["drain_timeouts"] >= 2 and coord.metrics["episodes_version_changed"] == 0
+    assert pub.metrics()["drain_timeouts"] >= 2 and pub.metrics()["episodes_version_changed"] == 0
     assert await PolicyRegistry(aredis, keys).manifest(2) is None
     await registry.unpin(held.id, "long-episode")
-    await wait_for(lambda: _all_at(registry, 1, 4), 30, "server at 4 once the episode ended")
-    await wait_for(lambda: disk.on_disk_versions(ws_cfg.run.dir) == [3, 4], 20, "v1 deleted")
+    await wait_for(lambda: all_at(registry, 1, 4), 30, "server at 4 once the episode ended")
+    await wait_for(lambda: checkpoints.on_disk_versions(ws_cfg.run.dir) == [3, 4], 20, "v1 deleted")
     await pub.close()
 
     # "proceed": the update goes ahead at the timeout and the pinned episode is counted
     ws.drain_timeout_action = "proceed"
     ws.wait_rollout = True
     pub = publisher_factory(ws_cfg)
-    coord = pub.coordinator.coordinator
     held = await registry.pin("stubborn")
     await pub.publish(5, 5, lambda: iter(learner_tensors(tiny_model_dir, 5)))
-    assert await _all_at(registry, 1, 5)
-    assert coord.metrics["episodes_version_changed"] == 1 and coord.history[-1].pins_at_update == 1
+    assert await all_at(registry, 1, 5)
+    assert pub.metrics()["episodes_version_changed"] == 1
+    assert pub.coordinator.history()[-1].pins_at_update == 1
     stats = await aredis.hgetall(keys.stats)
     assert int(stats[b"weights_episodes_version_changed"]) == 1
     await registry.unpin(held.id, "stubborn")
@@ -230,12 +225,11 @@ async def test_retention_and_drain_timeout_choices(ws_cfg, aredis, keys, start_s
     ws.drain_timeout_action = "wait"
     ws.retry_failed_s = 60  # no retry while we look
     pub = publisher_factory(ws_cfg)
-    coord = pub.coordinator.coordinator
     bad = [(n, t[..., :1].contiguous()) for n, t in learner_tensors(tiny_model_dir, 6)]
     await pub.publish(6, 6, lambda: iter(bad))
     s = (await registry.list())[0]
     assert (s.state, s.version) == ("ready", 5) and "update_weights_from_disk" in s.error
-    last = coord.history[-1]
-    assert not last.ok and last.version == 6 and coord.metrics["updates_failed"] == 1
+    last = pub.coordinator.history()[-1]
+    assert not last.ok and last.version == 6 and pub.metrics()["updates_failed"] == 1
     async with SGLangClient(s.url, api_key=API_KEY, timeout_s=30) as c:
         assert str((await c.generate([1, 2], {"max_new_tokens": 1})).weight_version) == "5"

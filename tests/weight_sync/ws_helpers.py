@@ -43,6 +43,12 @@ async def server_checksum(url: str) -> str:
         return body["sha256"]
 
 
+async def all_at(servers: Any, n: int, version: int) -> bool:
+    """Exactly n live servers, every one ready at `version` (servers: a ServerRegistry)."""
+    infos = await servers.list(alive_only=True)
+    return len(infos) == n and all(s.state == "ready" and s.version == version for s in infos)
+
+
 async def wait_for(pred: Callable[[], Any], limit_s: float = 60.0, what: str = "") -> Any:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:

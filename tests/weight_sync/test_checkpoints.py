@@ -1,4 +1,4 @@
-"""Disk checkpoints: atomic write, sha256 manifest, verification, the CLI."""
+"""Checkpoints on disk: atomic write, sha256 manifest, verification, the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from weight_sync import disk
+from weight_sync import checkpoints
 
 
 def _tensors(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -35,45 +35,45 @@ def test_write_verify_and_layout(tmp_path: Path, base_dir: Path) -> None:
     from safetensors.torch import load_file
 
     run = tmp_path / "run"
-    m = disk.write_checkpoint(run, 3, 30, _tensors(), base_dir)
-    d = disk.version_dir(run, 3)
+    m = checkpoints.write_checkpoint(run, 3, 30, _tensors(), base_dir)
+    d = checkpoints.version_dir(run, 3)
     assert d.name == "v000003" and m["path"] == str(d)
     assert m["format"] == "hf-safetensors" and m["version"] == 3 and m["step"] == 30
     assert set(m["files"]) == {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"}
     assert m["bytes"] == sum((d / f).stat().st_size for f in m["files"])
-    assert disk.verify(m) == d
+    assert checkpoints.verify(m) == d
     assert json.loads((d / "manifest.json").read_text()) == m
     loaded = load_file(d / "model.safetensors")
     for name, t in _tensors():
         assert torch.equal(loaded[name], t), name
-    assert [p.name for p in disk.weights_root(run).iterdir()] == ["v000003"]  # no temp dirs left
+    assert [p.name for p in checkpoints.weights_root(run).iterdir()] == ["v000003"]  # no temp dirs left
 
 
 def test_sharded_checkpoint_has_index(tmp_path: Path) -> None:
-    m = disk.write_checkpoint(tmp_path, 1, 1, _tensors(), None, shard_mb=0.003)
+    m = checkpoints.write_checkpoint(tmp_path, 1, 1, _tensors(), None, shard_mb=0.003)
     shards = [f for f in m["files"] if f.endswith(".safetensors")]
     assert len(shards) > 1 and "model.safetensors.index.json" in m["files"]
     index = json.loads((Path(m["path"]) / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == {n for n, _ in _tensors()}
-    disk.verify(m)
+    checkpoints.verify(m)
 
 
 def test_corrupt_and_missing_are_refused_with_the_reason(tmp_path: Path, base_dir: Path) -> None:
-    m = disk.write_checkpoint(tmp_path, 2, 2, _tensors(), base_dir)
+    m = checkpoints.write_checkpoint(tmp_path, 2, 2, _tensors(), base_dir)
     f = Path(m["path"]) / "model.safetensors"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(disk.CheckpointError, match=r"version 2: file model.safetensors is corrupt"):
-        disk.verify(m)
-    m3 = disk.write_checkpoint(tmp_path, 3, 3, _tensors(), base_dir)
+    with pytest.raises(checkpoints.CheckpointError, match=r"version 2: file model.safetensors is corrupt"):
+        checkpoints.verify(m)
+    m3 = checkpoints.write_checkpoint(tmp_path, 3, 3, _tensors(), base_dir)
     (Path(m3["path"]) / "config.json").unlink()
-    with pytest.raises(disk.CheckpointError, match=r"version 3: file config\.json is missing"):
-        disk.verify(m3)
-    with pytest.raises(disk.CheckpointError, match="no manifest"):
-        disk.verify(None, 9)
-    with pytest.raises(disk.CheckpointError, match=r"directory .* is missing"):
-        disk.verify({**m, "path": str(tmp_path / "nope")})
+    with pytest.raises(checkpoints.CheckpointError, match=r"version 3: file config\.json is missing"):
+        checkpoints.verify(m3)
+    with pytest.raises(checkpoints.CheckpointError, match="no manifest"):
+        checkpoints.verify(None, 9)
+    with pytest.raises(checkpoints.CheckpointError, match=r"directory .* is missing"):
+        checkpoints.verify({**m, "path": str(tmp_path / "nope")})
 
 
 def test_failed_write_leaves_nothing_and_rewrite_replaces(tmp_path: Path) -> None:
@@ -82,15 +82,15 @@ def test_failed_write_leaves_nothing_and_rewrite_replaces(tmp_path: Path) -> Non
         raise RuntimeError("learner died mid-iteration")
 
     with pytest.raises(RuntimeError):
-        disk.write_checkpoint(tmp_path, 1, 1, boom(), None)
-    assert not disk.weights_root(tmp_path).exists() or not any(disk.weights_root(tmp_path).iterdir())
-    disk.write_checkpoint(tmp_path, 1, 1, [("a", torch.ones(2))], None)
-    m2 = disk.write_checkpoint(tmp_path, 1, 5, [("a", torch.zeros(2))], None)
-    assert disk.read_manifest(tmp_path, 1)["step"] == 5
-    disk.verify(m2)
-    assert disk.on_disk_versions(tmp_path) == [1]
-    disk.delete_version(tmp_path, 1)
-    assert disk.on_disk_versions(tmp_path) == []
+        checkpoints.write_checkpoint(tmp_path, 1, 1, boom(), None)
+    assert not checkpoints.weights_root(tmp_path).exists() or not any(checkpoints.weights_root(tmp_path).iterdir())
+    checkpoints.write_checkpoint(tmp_path, 1, 1, [("a", torch.ones(2))], None)
+    m2 = checkpoints.write_checkpoint(tmp_path, 1, 5, [("a", torch.zeros(2))], None)
+    assert checkpoints.read_manifest(tmp_path, 1)["step"] == 5
+    checkpoints.verify(m2)
+    assert checkpoints.on_disk_versions(tmp_path) == [1]
+    checkpoints.delete_version(tmp_path, 1)
+    assert checkpoints.on_disk_versions(tmp_path) == []
 
 
 def _swarl(*args: str, run_dir: Path):
@@ -103,8 +103,8 @@ def _swarl(*args: str, run_dir: Path):
 
 
 def test_cli_list_and_verify_from_the_run_dir(tmp_path: Path, base_dir: Path) -> None:
-    disk.write_checkpoint(tmp_path, 1, 10, _tensors(), base_dir)
-    m = disk.write_checkpoint(tmp_path, 2, 20, _tensors(1), base_dir)
+    checkpoints.write_checkpoint(tmp_path, 1, 10, _tensors(), base_dir)
+    m = checkpoints.write_checkpoint(tmp_path, 2, 20, _tensors(1), base_dir)
     out = _swarl("list", run_dir=tmp_path)
     assert out.exit_code == 0, out.output
     assert "v000001" in out.stdout and "v000002" in out.stdout
@@ -127,7 +127,7 @@ def test_cli_reads_the_policy_registry(tmp_path: Path, base_dir: Path, redis_url
     from broker.registry import PolicyRegistry
     from swarl.commands.weights import app
 
-    m = disk.write_checkpoint(tmp_path, 4, 40, _tensors(), base_dir)
+    m = checkpoints.write_checkpoint(tmp_path, 4, 40, _tensors(), base_dir)
 
     async def publish() -> None:
         r = connect(redis_url)
@@ -139,6 +139,6 @@ def test_cli_reads_the_policy_registry(tmp_path: Path, base_dir: Path, redis_url
     out = CliRunner().invoke(app, ["list", *args])
     assert out.exit_code == 0, out.output
     assert "current version: 4" in out.stdout and "registry+disk" in out.stdout
-    disk.delete_version(tmp_path, 4)  # registry still lists it; verify says the files are gone
+    checkpoints.delete_version(tmp_path, 4)  # registry still lists it; verify says the files are gone
     bad = CliRunner().invoke(app, ["verify", "4", *args])
     assert bad.exit_code == 1 and "checkpoint directory" in bad.stderr and "is missing" in bad.stderr
