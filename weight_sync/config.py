@@ -15,7 +15,8 @@ class WeightSyncConfig(Section):
         description="How a new version reaches running servers: disk (safetensors + "
         "/update_weights_from_disk) or distributed (torch.distributed broadcast, NCCL on GPU, "
         "gloo on CPU). A checkpoint is written to disk either way: servers that join or restart "
-        "load from it.",
+        "load from it, and so does a server whose registered meta is missing or invalid (its "
+        "tensor-parallel size, the size of its group, is unknown).",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="Distributed backend: auto = nccl when the tensors are on CUDA, else gloo."
@@ -65,7 +66,7 @@ class WeightSyncConfig(Section):
     )
     group_store_prefix: bool = Field(
         True, description="Distributed: wrap the rendezvous store in PrefixStore(group_name), as "
-        "SGLang's init_custom_process_group does; both sides of a group must agree.",
+        "SGLang servers do on their side; both sides of a group must agree.",
     )
     disk_write_defer_s: float = Field(
         30.0, ge=0, description="Distributed: the disk copy (for servers that join later) is written "
