@@ -96,7 +96,12 @@ class CoordinatorThread:
         coord, loop = self._coordinator, self._loop
         if coord is None or loop is None or loop.is_closed():
             raise CoordinatorNotRunning("weight-sync coordinator is not running")
-        fut = asyncio.run_coroutine_threadsafe(fn(coord), loop)
+        coro = fn(coord)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError as e:  # its loop closed meanwhile
+            coro.close()
+            raise CoordinatorNotRunning("weight-sync coordinator has stopped") from e
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), max(0.0, timeout_s))
         finally:
