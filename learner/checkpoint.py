@@ -15,11 +15,18 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from learner.backends.base import TrainBackend
+
+class ModelStore(Protocol):
+    """What writes and reads a checkpoint's model part: a backend, or rank 0's Trainer (which
+    has every rank write its own part)."""
+
+    def save(self, path: Path) -> None: ...
+    def load(self, path: Path) -> None: ...
 
 
 @dataclass
@@ -46,14 +53,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(run_dir: str | Path, backend: TrainBackend, state: LearnerState, keep: int = 2) -> Path:
+def save(run_dir: str | Path, model: ModelStore, state: LearnerState, keep: int = 2) -> Path:
     root = ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_step_{state.step:08d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    backend.save(tmp)
+    model.save(tmp)
     torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                 "python": random.getstate()}, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**asdict(state), "time": time.time()}))
@@ -92,8 +99,8 @@ def latest(run_dir: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def load(path: Path, backend: TrainBackend) -> LearnerState:
-    backend.load(path)
+def load(path: Path, model: ModelStore) -> LearnerState:
+    model.load(path)
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])

@@ -28,24 +28,24 @@ from broker.replay import ReplayReader
 from common.logs import get_logger
 from learner import checkpoint
 from learner.assembly import Assembler, Batch
-from learner.backends.base import TrainBackend
 from learner.checkpoint import LearnerState
 from learner.metrics_log import MetricsLog, TrainedIds, truncate_after
 from learner.runtime import LearnerRuntime
-from learner.train import batch_items, train_step
+from learner.train import batch_items
+from learner.trainer import Trainer
 from weight_sync.protocols import WeightPublisher
 
 log = get_logger("learner")
 
 
 class Learner:
-    def __init__(self, rt: LearnerRuntime, redis: Any, backend: TrainBackend,
+    def __init__(self, rt: LearnerRuntime, redis: Any, trainer: Trainer,
                  publisher: WeightPublisher | None, state: LearnerState | None = None,
                  consumer: str = "learner-0") -> None:
         self.rt, self.lcfg = rt, rt.learner
         self.redis, self.keys = redis, rt.keys
         keys = rt.keys
-        self.backend, self.publisher = backend, publisher
+        self.trainer, self.publisher = trainer, publisher
         self.state = state or LearnerState()
         self.run_dir = Path(rt.run_dir)
         self.reader = ReplayReader(redis, keys, group=rt.replay.group, consumer=consumer)
@@ -98,6 +98,8 @@ class Learner:
                             and time.monotonic() - last_arrival > self.lcfg.idle_exit_s):
                         log.info("learner_idle_exit", idle_s=self.lcfg.idle_exit_s)
                         break
+                if await asyncio.to_thread(self.trainer.poll):  # a signal to any rank stops all
+                    self.stop()
                 await self._heartbeat()
         finally:
             await self._heartbeat(force=True, status="stopped")
@@ -106,7 +108,7 @@ class Learner:
 
     async def _train(self, batch: Batch) -> None:
         items, rstats = batch_items(batch, self.lcfg)
-        m = await asyncio.to_thread(train_step, self.backend, items, self.lcfg)
+        m = await asyncio.to_thread(self.trainer.train, items)
         st = self.state
         st.step += 1
         st.trained_samples += len(items)
@@ -140,7 +142,7 @@ class Learner:
         st.closed_groups = sorted(self.asm.closed_groups)
         st.dropped = dict(self.asm.dropped)
         st.dropped_stale = {str(k): v for k, v in self.asm.dropped_stale.items()}
-        await asyncio.to_thread(checkpoint.save, self.run_dir, self.backend, st,
+        await asyncio.to_thread(checkpoint.save, self.run_dir, self.trainer, st,
                                 self.lcfg.keep_checkpoints)
 
     async def _ack(self) -> None:
@@ -154,7 +156,8 @@ class Learner:
         if self.publisher is None:
             return
         t0 = time.perf_counter()
-        await self.publisher.publish(version, self.state.step, self.backend.named_tensors)
+        weights = await asyncio.to_thread(self.trainer.weights)
+        await self.publisher.publish(version, self.state.step, lambda: weights)
         log.info("published", version=version, step=self.state.step,
                  seconds=round(time.perf_counter() - t0, 3))
 

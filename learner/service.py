@@ -11,7 +11,9 @@ from typing import Any
 from common.logs import get_logger
 from learner import checkpoint
 from learner.checkpoint import LearnerState
+from learner.ranks import catch_stop_signals, init_ranks, shutdown
 from learner.runtime import LearnerRuntime
+from learner.trainer import RankWorker, Trainer, follow
 
 log = get_logger("learner")
 
@@ -33,31 +35,59 @@ def base_model_dir(rt: LearnerRuntime) -> str:
 
 
 async def run_learner(rt: LearnerRuntime, resume: bool,
-                      publisher_factory: PublisherFactory | None = None) -> LearnerState:
-    """Train until stopped; `publisher_factory` (None: versions are only counted) publishes."""
+                      publisher_factory: PublisherFactory | None = None) -> LearnerState | None:
+    """Train until stopped. Under torchrun every rank calls this: rank 0 runs the loop (Redis,
+    checkpoints, publishing) and returns its state; every other rank carries out rank 0's
+    commands (learner/trainer.py `follow`) and returns None. `publisher_factory` (None: versions
+    are only counted) makes rank 0's publisher."""
     import torch
 
-    from broker.connection import connect
     from learner.backends import make_backend
-    from learner.loop import Learner
 
     lcfg = rt.learner
     torch.set_num_threads(max(1, lcfg.threads))
     torch.manual_seed(rt.seed)
-    base = base_model_dir(rt)
-    ckpt = checkpoint.latest(rt.run_dir)
-    if ckpt is not None and not resume:
-        raise ResumeError(f"{ckpt} exists: pass --resume to continue this run, or use a new run.dir")
-    backend = make_backend(lcfg, base, base if lcfg.kl_coef else None)
-    state = checkpoint.load(ckpt, backend) if (resume and ckpt is not None) else LearnerState()
-    if resume and ckpt is None:
-        log.info("resume_without_checkpoint", run_dir=str(rt.run_dir))
+    ranks = init_ranks(lcfg.dist_timeout_s)
+    try:
+        # the same checks on every rank (same config, same shared run directory), before any
+        # collective, so a refusal ends every rank alike
+        base = base_model_dir(rt)
+        ckpt = checkpoint.latest(rt.run_dir)
+        if ckpt is not None and not resume:
+            raise ResumeError(f"{ckpt} exists: pass --resume to continue this run, or use a new run.dir")
+        if ranks.distributed and not rt.redis.url:
+            raise ResumeError("redis.url: required under torchrun (the ranks cannot share a private Redis)")
+        backend = make_backend(lcfg, base, base if lcfg.kl_coef else None)
+        worker = RankWorker(backend, lcfg)
+        if not ranks.leader:
+            catch_stop_signals(ranks)
+            follow(worker, ranks)
+            return None
+        trainer = Trainer(worker, ranks)
+        try:
+            return await _lead(rt, trainer, ckpt if resume else None, base, publisher_factory)
+        finally:
+            trainer.close()
+    finally:
+        shutdown(ranks)
+
+
+async def _lead(rt: LearnerRuntime, trainer: Trainer, ckpt: Path | None, base: str,
+                publisher_factory: PublisherFactory | None) -> LearnerState:
+    from broker.connection import connect
+    from learner.loop import Learner
+
+    if ckpt is not None:
+        state = await asyncio.to_thread(checkpoint.load, ckpt, trainer)
+    else:
+        state = LearnerState()
+        log.info("fresh_start", run_dir=str(rt.run_dir))
     assert rt.redis.url, "the learner needs a Redis URL"
     redis = connect(rt.redis.url, rt.redis)
     publisher = None
-    if publisher_factory is not None and lcfg.publish != "none":
+    if publisher_factory is not None and rt.learner.publish != "none":
         publisher = publisher_factory(redis, base)
-    learner = Learner(rt, redis, backend, publisher, state)
+    learner = Learner(rt, redis, trainer, publisher, state)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, learner.stop)

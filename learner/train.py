@@ -6,13 +6,14 @@ import time
 from collections import defaultdict
 
 import numpy as np
+import torch
 
 from learner.advantages import grpo
 from learner.assembly import Batch
 from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
 from learner.losses import LossInputs, policy_loss, token_weights
-from learner.packing import TrainItem, make_microbatches
+from learner.packing import MicroBatch, TrainItem, make_microbatches
 
 
 def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict[str, float]]:
@@ -42,19 +43,22 @@ def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict
 
 
 def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig) -> dict[str, float]:
-    """Gradient accumulation over packed micro-batches, then one optimizer step.
+    """Gradient accumulation over this rank's packed micro-batches, then one optimizer step.
 
     There is exactly one optimizer step per batch, so the proximal policy (the parameters
     before this step) is the policy of every forward here: its logprobs are the detached
-    forward logprobs, which saves a second forward pass.
+    forward logprobs, which saves a second forward pass. Under several data-parallel ranks
+    `items` is this rank's shard (the loss weights are the whole batch's), and the backend sums
+    the gradients over ranks.
     """
     t0 = time.perf_counter()
-    sums: dict[str, float] = defaultdict(float)
-    w_max = 0.0
     mbs = [mb for mb in make_microbatches(items, cfg.max_tokens_per_microbatch, cfg.packing, cfg.pad_to)
            if mb.targets.numel() > 0]
+    if not mbs:
+        raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
 
-    def loss_fn(logp, ent, mb):
+    def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
+                ) -> tuple[torch.Tensor, dict[str, float]]:
         if ent is not None and not cfg.entropy_coef:
             ent = ent.detach()
         ref = backend.ref_logprobs(mb) if cfg.kl_coef else None
@@ -64,17 +68,9 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             mask=mb.loss_mask.to(dev), tok_w=mb.tok_w.to(dev), entropy=ent,
             ref_logp=None if ref is None else ref.to(dev)), cfg)
 
-    per_mb: list[dict[str, float]] = []
-    if getattr(backend, "uses_megatron_schedule", False):  # Megatron's (pipelined) schedule
-        per_mb = backend.train_microbatches(mbs, loss_fn)  # type: ignore[attr-defined]
-    else:
-        for mb in mbs:
-            logp, ent = backend.logprobs(mb, grad=True, with_entropy=True)
-            loss, st = loss_fn(logp, ent, mb)
-            backend.backward(loss)
-            st["loss"] = float(loss.detach())
-            per_mb.append(st)
-    for st in per_mb:
+    sums: dict[str, float] = defaultdict(float)
+    w_max = 0.0
+    for st in backend.train_microbatches(mbs, loss_fn):
         w_max = max(w_max, st.pop("imp_weight_max"))
         for k, v in st.items():
             sums[k] += v

@@ -1,21 +1,32 @@
-"""The torch backend: a transformers causal LM trained with torch AdamW (CPU default)."""
+"""The torch backend: a transformers causal LM trained with torch AdamW (the CPU default).
+
+Under torchrun every rank holds the whole model, wrapped in torch's DistributedDataParallel
+(gloo on CPU, NCCL on GPUs): each rank trains its shard of the step, gradients are reduced once
+per step (no_sync on every micro-batch but the last), so every rank takes the same optimizer
+step and the replicas stay equal; rank 0 saves and publishes them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
-from learner.backends.base import clip_and_step
+from learner.backends.base import LossFn, accumulate, clip_and_step
 from learner.config import LearnerConfig
 from learner.logprobs import token_logprobs_entropy
 from learner.packing import MicroBatch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def load_hf_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+def load_hf_model(model_dir: str | Path, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     from learner.varlen_attention import register
@@ -47,11 +58,28 @@ class TorchBackend:
             self.ref = load_hf_model(ref_model_dir, self.dtype)
             self.ref.requires_grad_(False)
         self.opt, self.sched = make_optimizer(self.model.parameters(), cfg)
+        self.ddp: Any = None
+        self._rank, self._world = 0, 1
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            from torch.nn.parallel import DistributedDataParallel
 
-    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        kw: dict = {}
+            self._rank, self._world = dist.get_rank(), dist.get_world_size()
+            # replicas start from rank 0's parameters (DDP broadcasts them here)
+            self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True)
+
+    @property
+    def dp_rank(self) -> int:
+        return self._rank
+
+    @property
+    def dp_size(self) -> int:
+        return self._world
+
+    def _logits(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+        kw: dict[str, Any] = {}
         if mb.packed and self.cfg.attention == "varlen":
             cu = mb.cu_seqlens
+            assert cu is not None
             longest = int((cu[1:] - cu[:-1]).max())
             kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
                   "max_length_k": longest}
@@ -76,18 +104,33 @@ class TorchBackend:
             logits = self._logits(self.ref, mb)
             return token_logprobs_entropy(logits, mb.targets, self.cfg.rollout_temperature, False)[0]
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def train_microbatches(self, mbs: list[MicroBatch], loss_fn: LossFn) -> list[dict[str, float]]:
+        def forward(mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logits = self._logits(self.ddp or self.model, mb)
+            return token_logprobs_entropy(logits, mb.targets, self.cfg.rollout_temperature, True)
+
+        # DDP averages over ranks: scaling by their number makes the reduced gradient the sum
+        return accumulate(mbs, loss_fn, forward, self._no_sync, scale=float(self._world))
+
+    def _no_sync(self) -> AbstractContextManager[None]:
+        return self.ddp.no_sync() if self.ddp is not None else nullcontext()
 
     def step(self) -> dict[str, float]:
         return clip_and_step(self.model, self.opt, self.sched, self.cfg.grad_clip)
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # named_parameters() lists a tied lm_head once (as the embedding), like HF checkpoints
+        """This rank's replica in HF naming (a tied lm_head is listed once, as the embedding)."""
         for name, p in self.model.named_parameters():
             yield name, p.detach()
 
+    def publish_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # every replica is equal: rank 0 hands out its own, no gathering
+        if self._rank == 0:
+            yield from self.named_tensors()
+
     def save(self, path: Path) -> None:
+        if self._rank != 0:
+            return  # equal replicas: rank 0 writes model and optimizer alone
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(path / "model"))
         torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()},
@@ -100,7 +143,7 @@ class TorchBackend:
         for f in sorted((path / "model").glob("*.safetensors")):
             sd.update(load_file(str(f)))
         missing, unexpected = self.model.load_state_dict(sd, strict=False)
-        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         if set(missing) - tied or unexpected:
             raise ValueError(f"checkpoint {path}: missing {sorted(set(missing) - tied)}, "
                              f"unexpected {sorted(unexpected)}")

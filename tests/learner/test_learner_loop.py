@@ -18,6 +18,7 @@ from learner.backends.torch_backend import TorchBackend
 from learner.checkpoint import LearnerState
 from learner.loop import Learner
 from learner.plot import plot_run
+from learner.trainer import Trainer
 from swarl.wiring import learner_runtime
 
 
@@ -36,7 +37,7 @@ async def test_synchronous_rounds_publish_ack_and_log(cfg, keys, small_model_dir
     r = connect(cfg.redis.url)
     writer = ReplayWriter(r, keys)
     pub = DirPublisher(r, keys, tmp_path / "weights")
-    learner = Learner(learner_runtime(cfg), r, TorchBackend(cfg.learner, small_model_dir), pub)
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir), cfg.learner), pub)
     task = asyncio.create_task(learner.run())
     registry = PolicyRegistry(r, keys)
     for v in range(3):  # like synchronous actors: roll out only the current version
@@ -78,7 +79,7 @@ async def test_resume_publishes_a_checkpointed_version_the_registry_lacks(cfg, k
     pub = DirPublisher(r, keys, tmp_path / "weights")
     b2 = TorchBackend(cfg.learner, small_model_dir)
     state = checkpoint.load(checkpoint.latest(cfg.run.dir), b2)
-    await Learner(learner_runtime(cfg), r, b2, pub, state).run()
+    await Learner(learner_runtime(cfg), r, Trainer.single(b2, cfg.learner), pub, state).run()
     assert pub.published == [2] and await registry.current() == 2
     await r.aclose()
 
@@ -87,7 +88,7 @@ async def test_dropped_entries_are_acked_without_a_step(cfg, keys, small_model_d
     cfg = configure(cfg, small_model_dir, idle_exit_s=0.5)
     r = connect(cfg.redis.url)
     await ReplayWriter(r, keys).add([make_sample("old", i, version=1) for i in range(2)])
-    learner = Learner(learner_runtime(cfg), r, TorchBackend(cfg.learner, small_model_dir), None,
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir), cfg.learner), None,
                       LearnerState(step=4, version=4))
     state = await learner.run()
     assert state.step == 4
@@ -114,7 +115,7 @@ async def test_publishes_through_weight_sync(cfg, keys, small_model_dir) -> None
                          start_coordinator=False)
     backend = TorchBackend(cfg.learner, small_model_dir)
     try:
-        state = await Learner(learner_runtime(cfg), r, backend, pub).run()
+        state = await Learner(learner_runtime(cfg), r, Trainer.single(backend, cfg.learner), pub).run()
     finally:
         await pub.close()
     assert state.version == 4  # 8 episodes in groups of 2, one group (2 episodes) per step

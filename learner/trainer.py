@@ -1,0 +1,170 @@
+"""What the learner loop asks of the model, on one rank or on many.
+
+`Trainer` is rank 0's handle: `train(items)` takes one optimizer step on a batch, `save`/`load`
+a checkpoint's model part, `weights()` the policy to publish, `poll()` whether any rank was asked
+to stop. On a single process it drives the backend directly; under torchrun it splits each
+step's items into one shard per data-parallel index (tensor/pipeline peers get the same shard),
+sends every rank its command (learner/ranks.py), does its own share, and merges the answers.
+`follow` is the loop of every other rank.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.logs import get_logger
+from learner.backends.base import TrainBackend
+from learner.config import LearnerConfig
+from learner.packing import TrainItem
+from learner.ranks import LOAD, SAVE, STOP, TICK, TRAIN, WEIGHTS, Channel, Ranks
+from learner.train import train_step
+
+log = get_logger("learner.trainer")
+
+Weights = list[tuple[str, torch.Tensor]]
+# statistics that are not sums over the step's samples
+_MAX = ("imp_weight_max", "step_time_s")
+_SAME = ("grad_norm", "lr", "skipped")
+
+
+class RankWorker:
+    """Carries out rank 0's commands on this rank."""
+
+    def __init__(self, backend: TrainBackend, cfg: LearnerConfig) -> None:
+        self.backend, self.cfg = backend, cfg
+
+    def handle(self, cmd: str, payload: Any) -> Any:
+        if cmd == TRAIN:
+            return train_step(self.backend, payload, self.cfg)
+        if cmd == SAVE:
+            self.backend.save(Path(payload))
+            return None
+        if cmd == LOAD:
+            self.backend.load(Path(payload))
+            return None
+        if cmd == WEIGHTS:
+            return list(self.backend.publish_tensors())
+        if cmd == TICK:
+            return None
+        raise ValueError(f"unknown learner command {cmd!r}")
+
+
+class Trainer:
+    """Rank 0's handle on the model (one rank: the backend itself)."""
+
+    def __init__(self, worker: RankWorker, ranks: Ranks) -> None:
+        self.worker, self.ranks = worker, ranks
+        self.channel = Channel(ranks) if ranks.distributed else None
+        self.dp_of_rank: list[int] = [0]
+        self.dp_size = 1
+        if self.channel is not None:
+            facts = self.channel.all_gather((worker.backend.dp_rank, worker.backend.dp_size))
+            self.dp_of_rank = [dp for dp, _ in facts]
+            self.dp_size = facts[0][1]
+
+    @classmethod
+    def single(cls, backend: TrainBackend, cfg: LearnerConfig) -> Trainer:
+        """One process, no torchrun."""
+        return cls(RankWorker(backend, cfg), Ranks(0, 1, 0))
+
+    # -- commands ------------------------------------------------------------------------
+    def _run(self, cmd: str, per_rank: list[Any]) -> list[Any]:
+        """Every rank carries out `cmd` with its payload; their results in rank order."""
+        if self.channel is None:
+            return [self.worker.handle(cmd, per_rank[0])]
+        mine = self.channel.send(cmd, per_rank)
+        replies = self.channel.collect(self.worker.handle(cmd, mine))
+        if any(r.stop for r in replies):
+            self.ranks.stop_requested.set()
+        return [r.result for r in replies]
+
+    def train(self, items: list[TrainItem]) -> dict[str, float]:
+        """One optimizer step on `items` (all ranks); the merged statistics."""
+        t0 = time.perf_counter()
+        if self.channel is None:
+            return self._run(TRAIN, [items])[0]
+        shards = shard_items(items, self.dp_size)
+        results = self._run(TRAIN, [shards[dp] for dp in self.dp_of_rank])
+        # one answer per data-parallel index: tensor/pipeline peers report the same samples
+        first: dict[int, dict[str, float]] = {}
+        for dp, res in zip(self.dp_of_rank, results, strict=True):
+            first.setdefault(dp, res)
+        return merge_stats(list(first.values()), time.perf_counter() - t0)
+
+    def _everyone(self, x: Any) -> list[Any]:
+        return [x] * self.ranks.world
+
+    def save(self, path: Path) -> None:
+        self._run(SAVE, self._everyone(str(path)))
+
+    def load(self, path: Path) -> None:
+        self._run(LOAD, self._everyone(str(path)))
+
+    def weights(self) -> Weights:
+        """The policy in HF naming, as CPU tensors on rank 0 (gathered one tensor at a time)."""
+        return self._run(WEIGHTS, self._everyone(None))[0]
+
+    def poll(self) -> bool:
+        """Between steps: True when any rank has been asked to stop."""
+        if self.channel is not None:
+            self._run(TICK, self._everyone(None))
+        return self.ranks.stop_requested.is_set()
+
+    def close(self) -> None:
+        """Let every other rank leave its loop."""
+        if self.channel is not None:
+            self.channel.send(STOP, self._everyone(None))
+            self.channel.collect(None)
+
+
+def follow(worker: RankWorker, ranks: Ranks) -> None:
+    """The loop of every rank but 0: carry out commands until told to stop. An exception ends
+    the process (and so the job): a rank that cannot do its part must not answer as if it had."""
+    channel = Channel(ranks)
+    channel.all_gather((worker.backend.dp_rank, worker.backend.dp_size))
+    while True:
+        cmd, payload = channel.receive()
+        if cmd == STOP:
+            channel.answer(None)
+            log.info("rank_stopped", rank=ranks.rank)
+            return
+        channel.answer(worker.handle(cmd, payload))
+
+
+def shard_items(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
+    """`n` shards with about the same number of tokens (longest first, each to the lightest
+    shard). A shard that would be empty gets a copy of a sample that trains nothing (zero
+    weight, no loss tokens), so every data-parallel rank still takes part in the step."""
+    shards: list[list[TrainItem]] = [[] for _ in range(n)]
+    load = [0] * n
+    for it in sorted(items, key=lambda it: -len(it.tokens)):
+        k = min(range(n), key=lambda i: (load[i], i))
+        shards[k].append(it)
+        load[k] += len(it.tokens)
+    for s in shards:
+        if not s and items:
+            it = items[0]
+            s.append(TrainItem(f"{it.sample_id}#idle", it.tokens, it.loss_mask * 0, it.behav_logp,
+                               0.0, 0.0))
+    return shards
+
+
+def merge_stats(parts: list[dict[str, float]], wall_s: float) -> dict[str, float]:
+    """One step's statistics from each data-parallel shard's: sums add up, maxima take the
+    largest, and what the optimizer step reports is the same everywhere."""
+    out: dict[str, float] = {}
+    for k in parts[0]:
+        vals = [p[k] for p in parts if k in p]
+        if k in _SAME:
+            out[k] = vals[0]
+        elif k in _MAX:
+            out[k] = max(vals)
+        else:
+            out[k] = sum(vals)
+    out["step_time_s"] = wall_s
+    out["tokens_per_s"] = out.get("tokens", 0.0) / wall_s if wall_s > 0 else 0.0
+    return out
