@@ -20,6 +20,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from common.files import fsync_dir
+
 
 class ModelStore(Protocol):
     """What writes and reads a checkpoint's model part: a backend, or rank 0's Trainer (which
@@ -45,14 +47,6 @@ def ckpt_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "learner" / "checkpoints"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(run_dir: str | Path, model: ModelStore, state: LearnerState, keep: int = 2) -> Path:
     root = ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -71,11 +65,11 @@ def save(run_dir: str | Path, model: ModelStore, state: LearnerState, keep: int 
     if final.exists():  # a re-save of the same step (resume before any new step)
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     ptr = root / ".latest.tmp"
     ptr.write_text(final.name)
     os.replace(ptr, root / "latest")
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep)
     return final
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from common.files import fsync_dir
+
 FORMAT = "hf-safetensors"
 MANIFEST = "manifest.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -146,21 +148,13 @@ def write_checkpoint(
             old = root / f".old-v{version:06d}-{uuid.uuid4().hex[:8]}"
             final.rename(old)
         tmp.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return manifest
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_manifest(run_dir: str | os.PathLike[str], version: int) -> dict[str, Any] | None:

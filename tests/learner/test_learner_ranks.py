@@ -107,6 +107,21 @@ def _wait(pred, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> Non
         time.sleep(0.2)
 
 
+class Run:
+    """A two-rank `swarl learner` on a run directory of its own."""
+
+    def __init__(self, redis_url: str, model_dir: Path, tmp: Path) -> None:
+        self.redis_url, self.run_dir, self.log = redis_url, tmp / "run", tmp / "learner.log"
+        self.cfg = _write_config(tmp / "c.yaml", redis_url, self.run_dir, model_dir)
+        self.proc = _learner(self.cfg, self.log)
+
+    async def train(self, rounds: range, expect: int) -> list[str]:
+        """Feed `rounds` of samples; wait until `expect` sample ids are trained in all."""
+        ids = await _feed(self.redis_url, rounds)
+        _wait(lambda: len(_trained(self.run_dir)) == expect, 300, self.proc, self.log)
+        return ids
+
+
 def _worker_pids(parent: int) -> list[int]:
     """The learner ranks: the children of the torchrun agent that `swarl learner` started."""
     (agent,) = psutil.Process(parent).children()
@@ -114,14 +129,11 @@ def _worker_pids(parent: int) -> list[int]:
 
 
 async def test_two_ranks_train_every_sample_once_and_stop_together(redis_url, small_model_dir, tmp_path) -> None:
-    run_dir = tmp_path / "run"
-    cfg = _write_config(tmp_path / "c.yaml", redis_url, run_dir, small_model_dir)
-    log = tmp_path / "learner.log"
-    proc = _learner(cfg, log)
+    run = Run(redis_url, small_model_dir, tmp_path)
+    proc, log = run.proc, run.log
     try:
-        ids = await _feed(redis_url, range(3))
-        _wait(lambda: len(_trained(run_dir)) == len(ids), 300, proc, log)
-        trained = _trained(run_dir)
+        ids = await run.train(range(3), expect=12)
+        trained = _trained(run.run_dir)
         assert sorted(trained) == sorted(ids) and len(set(trained)) == len(trained)
         r = redis_sync.Redis.from_url(redis_url)
         consumers = r.xinfo_consumers(Keys("swarl", "test").replay, "learner")
@@ -137,13 +149,10 @@ async def test_two_ranks_train_every_sample_once_and_stop_together(redis_url, sm
 
 
 async def test_a_dead_rank_ends_the_job_and_resume_continues(redis_url, small_model_dir, tmp_path) -> None:
-    run_dir = tmp_path / "run"
-    cfg = _write_config(tmp_path / "c.yaml", redis_url, run_dir, small_model_dir)
-    log = tmp_path / "learner.log"
-    proc = _learner(cfg, log)
+    run = Run(redis_url, small_model_dir, tmp_path)
+    proc, log, run_dir = run.proc, run.log, run.run_dir
     try:
-        first = await _feed(redis_url, range(2))
-        _wait(lambda: len(_trained(run_dir)) == len(first), 300, proc, log)
+        first = await run.train(range(2), expect=8)
         ranks = _worker_pids(proc.pid)
         os.kill(ranks[1], signal.SIGKILL)
         code = proc.wait(180)
@@ -153,7 +162,7 @@ async def test_a_dead_rank_ends_the_job_and_resume_continues(redis_url, small_mo
     finally:
         terminate(proc, 30, group=True)
     second = await _feed(redis_url, range(2, 4))
-    proc = _learner(cfg, log, "--resume")
+    proc = _learner(run.cfg, log, "--resume")
     try:
         _wait(lambda: len(_trained(run_dir)) == len(first) + len(second), 300, proc, log)
         trained = _trained(run_dir)
