@@ -1,4 +1,4 @@
-"""Admission control (the AReaL / SkyRL staleness rule), decided atomically in Redis:
+"""Admission control (the staleness bound), decided atomically in Redis:
 a rollout may start only while started < (max_staleness + current_version + 1) * batch_size.
 Any number of actors share the counter, so none of them can overshoot."""
 

@@ -41,5 +41,5 @@ class ReplayConfig(Section):
 
 class AdmissionConfig(Section):
     max_staleness: int = Field(2, description="How many policy versions a rollout may lag (eta). 0 = synchronous.")
-    batch_size: int = Field(8, description="Rollouts (episodes) consumed per policy version (B in the AReaL rule).")
+    batch_size: int = Field(8, description="Rollouts (episodes) consumed per policy version (B in the admission rule).")
     enabled: bool = Field(True, description="Off: actors start rollouts without the staleness bound.")

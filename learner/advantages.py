@@ -15,6 +15,6 @@ def grpo(rewards: list[float], std_norm: bool = False, eps: float = 1e-6) -> lis
         return []
     adv = r - r.mean()
     if std_norm:
-        # unbiased=False like slime/verl; a group with equal rewards has all-zero advantages
+        # population std (unbiased=False); a group with equal rewards has all-zero advantages
         adv = adv / (r.std() + eps)
     return [float(a) for a in adv]

@@ -63,15 +63,15 @@ class LearnerConfig(Section):
         1, description="A group needs at least this many usable (unmasked, fresh) episodes to train.")
     # -- objective ------------------------------------------------------------------------
     objective: Literal["decoupled", "tis", "ppo"] = Field(
-        "decoupled", description="decoupled: AReaL's decoupled PPO (clip against the proximal "
-        "policy, weight by pi_prox/pi_behaviour); tis: slime's truncated IS, weight "
+        "decoupled", description="decoupled: decoupled PPO (clip against the proximal "
+        "policy, weight by pi_prox/pi_behaviour); tis: truncated importance sampling, weight "
         "min(max(pi_old/pi_behaviour, tis_clip_low), tis_clip); ppo: naive PPO clipped "
         "against the behaviour logprobs.")
     clip_eps: float = Field(0.2, description="PPO clip range below 1 (ratio >= 1 - clip_eps).")
     clip_eps_high: float | None = Field(None, description="PPO clip range above 1; unset = clip_eps.")
     behav_imp_weight_cap: float | None = Field(
-        5.0, description="decoupled: tokens with pi_prox/pi_behaviour above this are masked "
-        "(AReaL); unset = no cap.")
+        5.0, description="decoupled: tokens with pi_prox/pi_behaviour above this are masked; "
+        "unset = no cap.")
     tis_clip: float = Field(2.0, description="tis: upper truncation of pi_old/pi_behaviour.")
     tis_clip_low: float = Field(0.0, description="tis: lower truncation of pi_old/pi_behaviour.")
     aggregation: Literal["token", "sequence"] = Field(

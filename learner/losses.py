@@ -4,9 +4,9 @@ Every micro-batch's loss is already divided by the WHOLE training batch's denomi
 (`tok_w`), so summing gradients over micro-batches gives exactly the full-batch gradient.
 
 Objectives (`LearnerConfig.objective`):
-- decoupled (AReaL): ratio = pi_theta / pi_prox, clipped; weight w = pi_prox / pi_behaviour,
+- decoupled: ratio = pi_theta / pi_prox, clipped; weight w = pi_prox / pi_behaviour,
   tokens with w > behav_imp_weight_cap get weight 0.
-- tis (slime --use-tis): ratio = pi_theta / pi_old, clipped; weight
+- tis: ratio = pi_theta / pi_old, clipped; weight
   clamp(pi_old / pi_behaviour, tis_clip_low, tis_clip).
 - ppo: ratio = pi_theta / pi_behaviour, clipped; no weight (the naive off-policy baseline).
 pi_prox (= pi_old) is the learner's policy before this optimizer step, recomputed by the learner.

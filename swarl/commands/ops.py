@@ -85,7 +85,7 @@ def data_prepare(
     data_source: Annotated[str | None, typer.Option("--data-source", help="metadata.data_source "
                                                     "(default: the dataset id, or the file's stem).")] = None,
 ) -> None:
-    """Validate SWE rows and write <split>.jsonl (the seed's format), eval.jsonl,
+    """Validate SWE rows and write <split>.jsonl (prepared JSONL: text + metadata), eval.jsonl,
     instance_ids.txt and docker_images.txt. Last line: a JSON summary."""
     from common.logs import setup_logging
     from swarl.data_prepare import DataError, prepare
