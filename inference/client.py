@@ -1,24 +1,26 @@
-"""Async client for SGLang's native HTTP API (real SGLang 0.5.x or swarl's CPU server).
+"""Async client for SGLang's native HTTP API (real SGLang 0.5.x or swarl's CPU server), on
+the HTTP kit every swarl client shares (common.http.HttpClient: bounded timeouts, one tenacity
+retry policy with exponential backoff).
 
-Retries with exponential backoff on connection errors only — never on an HTTP answer, so a
-4xx is raised at once with the server's message. Every call has a bounded timeout.
+An HTTP answer is never retried: a 4xx or 5xx raises InferenceError at once with the server's
+message. Transport failures are retried per call kind:
+- generation, reads and generation control (pause, continue, abort, flush) also when the
+  request was sent but no answer came (NO_ANSWER): running one of them twice is harmless;
+- weight updates only when the request never reached the server (NOT_SENT). A lost answer to
+  update_weights_from_distributed may mean the server is already waiting for the broadcast,
+  and sending it again would leave a second receive waiting for tensors the trainer never
+  sends; init_weights_update_group again would join twice. The weight-sync coordinator, which
+  knows the group and re-reads the server's version, decides what to do instead.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from common.logs import get_logger
-
-log = get_logger("inference.client")
-
-# Errors where the request did not (fully) reach a server: safe to try again.
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError,
-              httpx.ReadError, httpx.WriteError)
+from common.http import NO_ANSWER, NOT_SENT, HttpClient
 
 
 class InferenceError(Exception):
@@ -84,21 +86,18 @@ def _message(resp: httpx.Response) -> str:
 
 
 class SGLangClient:
-    """One server. `timeout_s` bounds each call; `retries` connection-error retries per call."""
+    """One server. `timeout_s` bounds each call; `retries` transport retries per call (see the
+    module docstring for which failures count), with backoff from `backoff_s`."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600, retries: int = 3,
                  backoff_s: float = 0.5) -> None:
         self.url = url.rstrip("/")
-        self.api_key = api_key
         self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
+        self._http = HttpClient(self.url, api_key, timeout_s, retries, backoff_s,
+                                retry_on=NO_ANSWER, max_connections=256)
+        # weight updates are rare and must not repeat once sent: their own pool and retry policy
+        self._once = HttpClient(self.url, api_key, timeout_s, retries, backoff_s,
+                                retry_on=NOT_SENT, max_connections=8)
 
     async def __aenter__(self) -> SGLangClient:
         return self
@@ -107,37 +106,29 @@ class SGLangClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        try:
+            await self._http.aclose()
+        finally:
+            await self._once.aclose()
 
-    async def _request(self, method: str, path: str, json: Any = None, params: dict | None = None,
-                       timeout_s: float | None = None, ok_statuses: tuple[int, ...] = ()) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                resp = await self._http.request(
-                    method, path, json=json, params=params,
-                    timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)) if timeout_s else None)
-            except _RETRYABLE as e:
-                if attempt >= self.retries:
-                    raise InferenceError(None, f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
-                delay = self.backoff_s * (2 ** attempt)
-                attempt += 1
-                log.warning("inference_retry", url=self.url, path=path, attempt=attempt, error=type(e).__name__)
-                await asyncio.sleep(delay)
-                continue
-            except httpx.TimeoutException as e:
-                raise InferenceError(None, f"{method} {self.url}{path}: timed out ({type(e).__name__})") from e
-            if resp.status_code >= 400 and resp.status_code not in ok_statuses:
-                raise InferenceError(resp.status_code, _message(resp))
-            return resp
+    async def _request(self, method: str, path: str, json: Any = None, timeout_s: float | None = None,
+                       ok_statuses: tuple[int, ...] = (), http: HttpClient | None = None) -> httpx.Response:
+        try:
+            resp = await (http or self._http).request(method, path, json=json, timeout_s=timeout_s)
+        except httpx.TimeoutException as e:
+            raise InferenceError(None, f"{method} {self.url}{path}: timed out ({type(e).__name__})") from e
+        except httpx.HTTPError as e:
+            raise InferenceError(None, f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
+        if resp.status_code >= 400 and resp.status_code not in ok_statuses:
+            raise InferenceError(resp.status_code, _message(resp))
+        return resp
 
-    async def _post(self, path: str, body: dict[str, Any] | None = None, **kw: Any) -> Any:
-        resp = await self._request("POST", path, json=body if body is not None else {}, **kw)
-        return _json_or_text(resp)
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return _json_or_text(await self._request("POST", path, json=body))
 
-    async def _update(self, path: str, body: dict[str, Any]) -> dict:
+    async def _update(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Weight-update endpoints answer {"success", "message"} with 200 or 400: return it."""
-        resp = await self._request("POST", path, json=body, ok_statuses=(400,))
+        resp = await self._request("POST", path, json=body, ok_statuses=(400,), http=self._once)
         data = _json_or_text(resp)
         if resp.status_code == 400 and not (isinstance(data, dict) and "success" in data):
             raise InferenceError(400, _message(resp))
@@ -216,15 +207,15 @@ class SGLangClient:
         return _json_or_text(await self._request("GET", "/get_server_info"))
 
     async def health(self) -> bool:
-        try:
-            resp = await self._http.get("/health", timeout=10)
-        except httpx.HTTPError:
-            return False
-        return resp.status_code == 200
+        return await self._probe("/health", timeout_s=10)
 
     async def health_generate(self) -> bool:
+        return await self._probe("/health_generate", timeout_s=30)
+
+    async def _probe(self, path: str, timeout_s: float) -> bool:
+        """200 or not; one try (a probe's caller polls)."""
         try:
-            resp = await self._http.get("/health_generate", timeout=30)
+            resp = await self._http.request("GET", path, timeout_s=timeout_s, retries=0)
         except httpx.HTTPError:
             return False
         return resp.status_code == 200

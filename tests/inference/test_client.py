@@ -1,8 +1,11 @@
-"""SGLangClient without a server behind it, and SGLang's response variants."""
+"""SGLangClient without a working server behind it, and SGLang's response variants."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +23,59 @@ async def test_connection_errors_are_retried_with_backoff_then_raised():
         assert ei.value.status is None and "ConnectError" in ei.value.message
         assert 0.5 <= took < 5  # two backoffs (0.2 s, 0.4 s), bounded
         assert await c.health() is False
+        with pytest.raises(InferenceError, match="ConnectError"):  # not sent: an update is retried too
+            await c.update_weights_from_distributed(["w"], ["float32"], [[1]])
+
+
+class HangUp:
+    """A loopback server that reads each request and closes the connection without an answer."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                head = conn.recv(65536).decode(errors="replace")
+                self.requests.append(head.split("\r\n", 1)[0])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def hang_up() -> Iterator[HangUp]:
+    s = HangUp()
+    yield s
+    s.close()
+
+
+async def test_sent_without_answer_generate_is_retried_a_weight_update_is_not(hang_up):
+    async with SGLangClient(hang_up.url, retries=2, backoff_s=0.05, timeout_s=5) as c:
+        with pytest.raises(InferenceError) as ei:
+            await c.generate([1, 2], {"max_new_tokens": 1})
+        assert ei.value.status is None and "RemoteProtocolError" in ei.value.message
+        assert hang_up.requests == ["POST /generate HTTP/1.1"] * 3  # harmless to repeat
+        hang_up.requests.clear()
+        with pytest.raises(InferenceError, match="RemoteProtocolError"):
+            await c.update_weights_from_distributed(["w"], ["float32"], [[1]])
+        with pytest.raises(InferenceError, match="RemoteProtocolError"):
+            await c.init_weights_update_group("127.0.0.1", 1, 1, 2)
+        assert hang_up.requests == ["POST /update_weights_from_distributed HTTP/1.1",
+                                    "POST /init_weights_update_group HTTP/1.1"]  # once each
 
 
 def test_result_takes_ids_from_output_token_logprobs_when_output_ids_absent():
