@@ -11,8 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.http import BearerAuth
 
-# As SGLang's add_api_key_middleware: health probes and metrics are served to anyone.
-OPEN_PATHS = ("/health", "/metrics")
+# As SGLang's add_api_key_middleware: OPTIONS, and every path under /health (/health_generate
+# too), /ready and /metrics, are served without the key, so probes and scrapers written for
+# SGLang work unchanged; everything else needs `Authorization: Bearer <key>`.
+OPEN_PATHS = ("/health", "/ready", "/metrics")
 
 
 class ApiError(Exception):
@@ -101,7 +103,8 @@ def _unauthorized(_why: str) -> JSONResponse:
 
 
 def add_api_key(app: FastAPI, api_key: str) -> None:
-    """Require `Authorization: Bearer <api_key>` as SGLang does (not on /health*, /metrics)."""
+    """Require `Authorization: Bearer <api_key>` as SGLang does (not on OPEN_PATHS); a refusal is
+    SGLang's `401 {"error": "Unauthorized"}`."""
     app.add_middleware(BearerAuth, token=api_key, open_prefixes=OPEN_PATHS, deny=_unauthorized)
 
 

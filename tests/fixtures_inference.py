@@ -1,18 +1,20 @@
-"""Fixtures for CPU inference servers (owned by inference).
+"""Fixtures for inference servers (owned by inference).
 
 `cpu_server_factory.start(model_dir, ...)` launches `swarl inference serve` as a subprocess on a
-free loopback port and waits for /health; `cpu_server` is one server on `tiny_model_dir`.
+free loopback port and waits for /health; `.start_scripted(tokenizer_dir, rows, ...)` does the
+same for `swarl scripted-policy serve`; `cpu_server` is one CPU server on `tiny_model_dir`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from inference.local_server import CpuServerHandle, start_cpu_server
+from inference.local_server import CpuServerHandle, start_cpu_server, start_scripted_server
 
 __all__ = ["CpuServerHandle", "cpu_server", "cpu_server_factory", "start_cpu_server"]
 
@@ -29,6 +31,12 @@ class CpuServerFactory:
         self.started.append(h)
         return h
 
+    def start_scripted(self, tokenizer_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
+                       **kw) -> CpuServerHandle:
+        h = start_scripted_server(tokenizer_dir, rows, log_dir=self.log_dir, **kw)
+        self.started.append(h)
+        return h
+
     def stop_all(self) -> None:
         for h in self.started:
             h.stop()
@@ -37,7 +45,7 @@ class CpuServerFactory:
 
 @pytest.fixture
 def cpu_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuServerFactory]:
-    """Start CPU servers (subprocesses); every one is stopped at teardown."""
+    """Start CPU or scripted servers (subprocesses); every one is stopped at teardown."""
     factory = CpuServerFactory(tmp_path_factory.mktemp("cpu-servers"))
     yield factory
     factory.stop_all()
