@@ -1,6 +1,6 @@
 """swarl's CPU inference server: SGLang's native HTTP API over a transformers model on CPU.
 
-Every endpoint answers in SGLang's shapes (see shared/reference/sglang-http-api.md), so the
+Every endpoint answers in SGLang's shapes (the table in docs/inference.md), so the
 client code that drives SGLang on GPUs is the code tested here. Generation runs on one worker
 thread (inference.engine); HTTP handlers only parse, queue and wait.
 """
@@ -10,22 +10,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from broker.keys import Keys
+from broker.registry import ServerMeta
 from common.logs import get_logger
 from inference import api_schema as S
 from inference.api_schema import ApiError, add_api_key
+from inference.dist_group import GroupError, ReceivingGroup
 from inference.engine import Engine, GenRequest
+from inference.membership import Membership
 from inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from broker.config import RedisConfig
 
 log = get_logger("inference")
 
@@ -45,7 +50,9 @@ class ServerSettings:
     max_batch_size: int = 32
     max_prefill_tokens: int = 8192
     seed: int = 0
+    tp_size: int = 1  # receiving ranks in a weight-update group (as an SGLang server of this tp size)
     redis_url: str | None = None
+    redis_cfg: RedisConfig | None = None
     keys: Keys | None = None  # the run's registry keys (with redis_url)
     server_id: str | None = None
     advertise_url: str | None = None
@@ -68,43 +75,44 @@ class ServerSettings:
 
 
 @dataclass
-class _GroupJoin:
-    """A weight-update group being joined in a background thread."""
+class _Group:
+    """A weight-update group of this server, with a lock so its updates run one at a time."""
 
-    name: str
-    rank: int
-    world_size: int
-    done: threading.Event = field(default_factory=threading.Event)
-    pg: Any = None
-    error: str = ""
+    ranks: ReceivingGroup
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class CpuServer:
-    """State shared by the handlers: the engine, weight-update groups, the registry link."""
+    """State shared by the handlers: the engine, weight-update groups, the registry membership."""
 
     def __init__(self, settings: ServerSettings, engine: Engine | None = None) -> None:
+        if settings.tp_size < 1:
+            raise ValueError(f"tp_size must be at least 1, got {settings.tp_size}")
         self.settings = settings
         self.engine = engine or Engine(settings.model_dir, settings.weight_version,
                                        settings.max_batch_size, settings.max_prefill_tokens, settings.seed)
-        self.groups: dict[str, _GroupJoin] = {}
+        self.groups: dict[str, _Group] = {}
         self.version_changed = asyncio.Event()
-        self.started = time.time()
-        self.registry: Any = None  # broker ServerRegistry once registered (registration.py)
+        self.membership: Membership | None = None
+        if settings.redis_url:
+            if settings.keys is None:
+                raise ValueError("a server that registers (redis_url) needs the run's keys")
+            self.membership = Membership(
+                settings.redis_url, settings.keys, settings.id, settings.url,
+                ServerMeta(kind="swarl-cpu", model=settings.model_dir, tp_size=settings.tp_size),
+                version=lambda: self.engine.weight_version, heartbeat_s=settings.heartbeat_s,
+                wake=self.version_changed, redis_cfg=settings.redis_cfg)
 
     async def drain(self, timeout_s: float) -> None:
         """Before shutdown: state draining (no new pins), then wait — bounded — until no
         episode holds a pin and no request runs."""
         sid = self.settings.id
-        if self.registry is not None:
-            with contextlib.suppress(Exception):
-                await self.registry.set_state(sid, "draining")
+        if self.membership is not None:
+            await self.membership.set_state("draining")
         log.info("server_draining", server_id=sid, timeout_s=timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            pins = 0
-            if self.registry is not None:
-                with contextlib.suppress(Exception):
-                    pins = await self.registry.pin_count(sid)
+            pins = await self.membership.pin_count() if self.membership is not None else 0
             queued = self.engine.num_waiting and not self.engine.paused  # paused ones cannot finish
             if pins == 0 and self.engine.num_running == 0 and not queued:
                 break
@@ -117,11 +125,16 @@ class CpuServer:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[GenRequest] = loop.create_future()
 
-        def done(r: GenRequest) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(r))
+        def done(r: GenRequest) -> None:  # on the engine thread
+            def deliver() -> None:
+                if not fut.done():
+                    fut.set_result(r)
 
-        req = GenRequest(list(input_ids), params, return_logprob=return_logprob, on_done=done,
-                         **({"rid": rid} if rid else {}))
+            loop.call_soon_threadsafe(deliver)
+
+        req = GenRequest(list(input_ids), params, return_logprob=return_logprob, on_done=done)
+        if rid:
+            req.rid = rid
         t0 = time.monotonic()
         self.engine.submit(req)
         try:
@@ -156,13 +169,15 @@ class CpuServer:
         """Turn a (possibly batched) GenerateReq into validated single requests."""
         if (req.text is None) == (req.input_ids is None):
             raise ApiError(400, "Either text or input_ids should be provided (exactly one).")
+        batch: list[list[int]]
         if req.input_ids is not None:
             ids = req.input_ids
-            batch = [list(x) for x in ids] if ids and isinstance(ids[0], list) else [list(ids)]  # type: ignore[arg-type]
             is_batch = bool(ids) and isinstance(ids[0], list)
+            # the schema admits a list of ints or a list of lists of ints, nothing mixed
+            batch = [list(x) for x in cast("list[list[int]]", ids)] if is_batch else [list(cast("list[int]", ids))]
         else:
-            texts = req.text if isinstance(req.text, list) else [req.text]
-            batch = [self.engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]  # type: ignore[arg-type]
+            texts = req.text if isinstance(req.text, list) else [str(req.text)]
+            batch = [list(self.engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
             is_batch = isinstance(req.text, list)
         n = len(batch)
         sps = req.sampling_params
@@ -223,51 +238,35 @@ class CpuServer:
                      "num_paused_requests": n}
 
     def init_group(self, req: S.InitWeightsUpdateGroupReq) -> tuple[int, dict[str, Any]]:
-        from inference.dist_group import new_group
-
-        old = self.groups.get(req.group_name)
-        if old is not None:
+        if req.group_name in self.groups:
             return 400, {"success": False, "message": f"group {req.group_name!r} already exists; "
                          "destroy it first (destroy_weights_update_group)"}
-        if not 0 < req.rank_offset < req.world_size:
-            return 400, {"success": False, "message": f"rank_offset {req.rank_offset} must be in "
-                         f"[1, world_size={req.world_size}) (rank 0 is the trainer)"}
+        tp = self.settings.tp_size
+        why = ReceivingGroup.check_layout(req.rank_offset, req.world_size, tp)
+        if why:
+            return 400, {"success": False, "message": why}
         # No NCCL on CPU: gloo carries the same broadcasts.
-        backend = "gloo"
-        join = _GroupJoin(req.group_name, req.rank_offset, req.world_size)
-        self.groups[req.group_name] = join
-
-        def run() -> None:
-            try:
-                join.pg = new_group(req.master_address, req.master_port, join.rank, join.world_size,
-                                    group_name=req.group_name, backend=backend,
-                                    timeout_s=GROUP_JOIN_TIMEOUT_S)
-                log.info("weight_group_joined", group=req.group_name, rank=join.rank,
-                         world_size=join.world_size)
-            except Exception as e:
-                join.error = f"{type(e).__name__}: {e}"
-                log.warning("weight_group_join_failed", group=req.group_name, error=join.error)
-            finally:
-                join.done.set()
-
-        threading.Thread(target=run, name=f"join-{req.group_name}", daemon=True).start()
+        ranks = ReceivingGroup(req.group_name, req.master_address, req.master_port, req.rank_offset,
+                               req.world_size, tp, GROUP_JOIN_TIMEOUT_S)
+        self.groups[req.group_name] = _Group(ranks)
+        ranks.start_join()
         note = "" if req.backend == "gloo" else f" (backend {req.backend!r} requested; CPU server uses gloo)"
-        return 200, {"success": True, "message": f"Joining weight update group {req.group_name!r} as rank "
-                     f"{join.rank} of {join.world_size} in the background{note}."}
+        which = f"rank {ranks.rank_offset}" if tp == 1 else f"ranks {ranks.rank_offset}..{ranks.ranks[-1]}"
+        return 200, {"success": True, "message": f"Joining weight update group {req.group_name!r} as "
+                     f"{which} of {req.world_size} in the background{note}."}
 
-    async def _group(self, name: str) -> _GroupJoin:
-        join = self.groups.get(name)
-        if join is None:
+    async def _group(self, name: str) -> _Group:
+        group = self.groups.get(name)
+        if group is None:
             raise ApiError(400, f"group_name: no weight update group {name!r}; call init_weights_update_group")
-        ok = await asyncio.to_thread(join.done.wait, GROUP_JOIN_TIMEOUT_S)
-        if not ok:
-            raise ApiError(400, f"group {name!r}: still joining after {GROUP_JOIN_TIMEOUT_S:.0f}s")
-        if join.error:
-            raise ApiError(400, f"group {name!r} failed to initialise: {join.error}")
-        return join
+        try:
+            await asyncio.to_thread(group.ranks.wait_joined)
+        except GroupError as e:
+            raise ApiError(400, str(e)) from None
+        return group
 
     async def update_from_distributed(self, req: S.UpdateWeightsFromDistributedReq) -> tuple[int, dict[str, Any]]:
-        from inference.dist_group import broadcast
+        from inference.dist_group import first_difference
         from inference.weights import WeightsError, load_into, torch_dtype
 
         if not (len(req.names) == len(req.dtypes) == len(req.shapes)):
@@ -277,21 +276,29 @@ class CpuServer:
             dtypes = [torch_dtype(d) for d in req.dtypes]
         except WeightsError as e:
             return 400, {"success": False, "message": f"dtypes: {e}"}
+        bad = [(n, s) for n, s in zip(req.names, req.shapes, strict=True) if any(d < 0 for d in s)]
+        if bad:
+            return 400, {"success": False, "message": f"shapes: {bad[0][0]}: negative dimension in {bad[0][1]}"}
         try:
-            join = await self._group(req.group_name)
+            group = await self._group(req.group_name)
         except ApiError as e:
             return 400, {"success": False, "message": e.message}
 
-        def apply() -> int:
-            import torch
+        async with group.lock:
+            try:  # every tensor is received by every rank, even a bucket that is then refused
+                per_rank = await asyncio.to_thread(group.ranks.receive, dtypes, req.shapes)
+            except RuntimeError as e:
+                return 400, {"success": False, "message": f"Failed to receive weights: {e}"}
+        differ = first_difference(req.names, per_rank, group.ranks.ranks)
+        if differ:
+            log.error("weights_differ_between_ranks", group=req.group_name, detail=differ)
+            return 400, {"success": False, "message": f"Failed to update weights: the ranks of this "
+                         f"server received different bytes ({differ}). Kept the old weights."}
+        received = dict(zip(req.names, per_rank[0], strict=True))
 
+        def apply() -> int:
             n = self.engine.abort(abort_all=True, message="Aborted by update_weights_from_distributed") \
                 if req.abort_all_requests else 0
-            received = {}
-            for name, dt, shape in zip(req.names, dtypes, req.shapes, strict=True):
-                t = torch.empty(shape, dtype=dt)
-                broadcast(join.pg, t, src=0)  # every tensor is received, even one we then refuse
-                received[name] = t
             load_into(self.engine.model, received, partial=True)
             if req.weight_version is not None:
                 self.engine.weight_version = str(req.weight_version)
@@ -300,30 +307,23 @@ class CpuServer:
 
         try:
             await self.engine.acall(apply)
-        except (WeightsError, RuntimeError) as e:
+        except WeightsError as e:
             return 400, {"success": False, "message": f"Failed to update weights: {e}"}
         self.version_changed.set()
         log.info("weights_updated", source="distributed", tensors=len(req.names),
-                 version=self.engine.weight_version)
+                 ranks=len(per_rank), version=self.engine.weight_version)
         return 200, {"success": True, "message": "Succeeded to update parameter online."}
 
     async def destroy_group(self, name: str) -> tuple[int, dict[str, Any]]:
-        from inference.dist_group import destroy_group
-
-        join = self.groups.pop(name, None)
-        if join is None:
+        group = self.groups.pop(name, None)
+        if group is None:
             return 400, {"success": False, "message": f"group_name: no weight update group {name!r}"}
-        if join.done.is_set() and join.pg is not None:
-            await asyncio.to_thread(destroy_group, join.pg)
+        await asyncio.to_thread(group.ranks.close)
         return 200, {"success": True, "message": f"Destroyed weight update group {name!r}."}
 
     async def close(self) -> None:
-        from inference.dist_group import destroy_group
-
-        for join in list(self.groups.values()):
-            if join.pg is not None:
-                with contextlib.suppress(Exception):
-                    destroy_group(join.pg)
+        for group in list(self.groups.values()):
+            group.ranks.close()
         self.groups.clear()
         await asyncio.to_thread(self.engine.stop)
 
@@ -339,21 +339,13 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         state["srv"] = srv
         app.state.srv = srv
         app.state.loop = asyncio.get_running_loop()
-        reg_task = None
-        if settings.redis_url:
-            from inference.registration import registration_loop
-
-            reg_task = asyncio.create_task(registration_loop(srv, settings))
-        log.info("inference_server_ready", url=settings.url, model=settings.model_dir,
-                 version=srv.engine.weight_version, server_id=settings.id)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(srv.close)
+            if srv.membership is not None:  # leaves the registry before the engine stops
+                await stack.enter_async_context(srv.membership)
+            log.info("inference_server_ready", url=settings.url, model=settings.model_dir,
+                     version=srv.engine.weight_version, server_id=settings.id, tp_size=settings.tp_size)
             yield
-        finally:
-            if reg_task is not None:
-                reg_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reg_task
-            await srv.close()
 
     app = FastAPI(title="swarl CPU inference server (SGLang API)", lifespan=lifespan)
 
@@ -549,7 +541,7 @@ class DrainingServer(uvicorn.Server):
         self._draining = False
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        app = self.config.app
+        app: Any = self.config.app
         loop = getattr(getattr(app, "state", None), "loop", None)
         if self._draining or self.should_exit or self.drain_timeout_s <= 0 or loop is None:
             return super().handle_exit(sig, frame)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from common.logs import get_logger
 from inference.sampling import SamplingParams, sample
@@ -408,7 +408,7 @@ class Engine:
 
     # -- text ---------------------------------------------------------------------------
     def output_text(self, r: GenRequest) -> str:
-        text = self.tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
+        text = cast(str, self.tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens))
         if r.stop_trim and not r.params.no_stop_trim:
             cut = text.find(r.stop_trim)
             if cut >= 0:

@@ -1,26 +1,32 @@
 """A deterministic scripted policy for tests, benchmarks and the demo.
 
 `ScriptedPolicy` answers fixed turns per instance (the Policy protocol, in-process; a row's
-`swarl_scripted_mode` overrides the server's mode); `swarl scripted-policy serve` serves the same answers over SGLang's /generate API (plus
-/get_weight_version, /update_weight_version, /health, /health_generate, /get_model_info) and
-registers in the server registry as ready, so `swarl actor` uses it like any inference server.
+`swarl_scripted_mode` overrides the server's mode); `swarl scripted-policy serve` serves the
+same answers over SGLang's /generate API (plus /get_weight_version, /update_weight_version,
+/health, /health_generate, /get_model_info), with SGLang's API-key rule (inference.api_schema),
+and registers in the server registry as ready, so `swarl actor` uses it like any inference server.
 Answers are tokenized with the model's tokenizer and end with the eos token; every token gets
 the logprob SCRIPTED_LOGPROB (a script is not a distribution)."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request  # module level: FastAPI resolves handler annotations here
 from fastapi.responses import JSONResponse
 
 from broker.keys import Keys
+from broker.registry import ServerMeta
 from inference.api_schema import add_api_key
 from inference.generation import Generation
+from inference.membership import Membership
+
+if TYPE_CHECKING:
+    from broker.config import RedisConfig
 
 SCRIPTED_LOGPROB = math.log(0.9)
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
@@ -69,8 +75,6 @@ class ScriptedPolicy:
         self.eos_token = eos_token or tokenizer.eos_token
         self.eos_id = int(tokenizer.convert_tokens_to_ids(self.eos_token))
         self.sleep_s = sleep_s
-        self.calls = 0
-        self.turn_fn: Callable[[dict[str, Any] | None, int], str] | None = None
 
     def locate(self, input_ids: list[int]) -> tuple[dict[str, Any] | None, int]:
         text = self.tok.decode(input_ids, skip_special_tokens=False)
@@ -85,13 +89,12 @@ class ScriptedPolicy:
         inst, turn = self.locate(input_ids)
         # A row may pick its own script (tests mix resolved and wrong episodes on one server).
         mode = str((inst or {}).get("swarl_scripted_mode") or self.mode)
-        text = (self.turn_fn or (lambda i, t: script_turn(mode, i, t, self.sleep_s)))(inst, turn)
+        text = script_turn(mode, inst, turn, self.sleep_s)
         ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos_id]
         finish = "stop"
         if len(ids) > max_new_tokens:
             ids, finish = ids[:max_new_tokens], "length"
             text = self.tok.decode(ids, skip_special_tokens=True)
-        self.calls += 1
         return Generation(ids, [SCRIPTED_LOGPROB] * len(ids), finish, self.weight_version, text)
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
@@ -99,8 +102,19 @@ class ScriptedPolicy:
         return self.answer(input_ids, int(sampling.get("max_new_tokens", 128)))
 
 
-def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = "") -> Any:
-    app = FastAPI(title="swarl scripted policy")
+def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = "",
+               membership: Membership | None = None) -> Any:
+    """The app; with `membership`, the registry entry lives as long as the app (its lifespan, so
+    the entry is gone before uvicorn's shutdown hands a caught SIGTERM back to the process)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if membership is not None:
+                await stack.enter_async_context(membership)
+            yield
+
+    app = FastAPI(title="swarl scripted policy", lifespan=lifespan)
 
     def err(status: int, msg: str) -> JSONResponse:
         return JSONResponse({"error": {"message": msg}}, status_code=status)
@@ -159,43 +173,23 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
 async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: str | None,
                 weight_version: str, tasks: list[dict[str, Any]], redis_url: str | None,
                 keys: Keys | None, server_id: str | None = None,
-                advertise_url: str | None = None, heartbeat_s: float = 2.0, sleep_s: int = 30) -> None:
-    """Run the scripted server; with redis_url, register as ready and heartbeat until stopped."""
-    import contextlib
-
+                advertise_url: str | None = None, heartbeat_s: float = 3.0, sleep_s: int = 30,
+                redis_cfg: RedisConfig | None = None) -> None:
+    """Run the scripted server; with redis_url, keep a registry entry (ready at any version: a
+    script does not depend on weights) until stopped."""
     import uvicorn
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     policy = ScriptedPolicy(tok, mode, weight_version, tasks, sleep_s=sleep_s)
-    app = create_app(policy, api_key, tokenizer_dir)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    sid = server_id or f"{host}:{port}"
-    url = advertise_url or f"http://{host}:{port}"
-    beat: asyncio.Task[None] | None = None
-    reg = None
-    if redis_url and keys is not None:
-        from broker.connection import connect
-        from broker.registry import ServerMeta, ServerRegistry
-
-        r = connect(redis_url)
-        reg = ServerRegistry(r, keys)
-        ver = int(weight_version) if weight_version.isdigit() else None
-        await reg.register(sid, url, ver, state="ready", meta=ServerMeta(kind="scripted", model=tokenizer_dir))
-
-        async def _beat() -> None:
-            while True:
-                await asyncio.sleep(heartbeat_s)
-                with contextlib.suppress(Exception):
-                    v = policy.weight_version
-                    await reg.heartbeat(sid, int(v) if v.isdigit() else None)
-
-        beat = asyncio.create_task(_beat())
-    try:
-        await server.serve()
-    finally:
-        if beat:
-            beat.cancel()
-        if reg is not None:
-            with contextlib.suppress(Exception):
-                await reg.remove(sid)
+    membership = None
+    if redis_url:
+        if keys is None:
+            raise ValueError("a scripted server that registers (redis_url) needs the run's keys")
+        membership = Membership(
+            redis_url, keys, server_id or f"{host}:{port}", advertise_url or f"http://{host}:{port}",
+            ServerMeta(kind="scripted", model=tokenizer_dir, tp_size=1),
+            version=lambda: policy.weight_version, heartbeat_s=heartbeat_s, any_version_ready=True,
+            redis_cfg=redis_cfg)
+    app = create_app(policy, api_key, tokenizer_dir, membership)
+    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()

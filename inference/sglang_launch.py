@@ -1,6 +1,7 @@
 """Real SGLang servers on GPUs: the `python -m sglang.launch_server` command swarl needs
 (flag names as in SGLang's server_args.py), and a supervisor that starts it, registers it in
-the broker's server registry and heartbeats its weight version while it lives."""
+the broker's server registry (inference.membership) and heartbeats the weight version SGLang
+reports while it lives."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import time
 from dataclasses import dataclass, field
 
 from broker.keys import Keys
+from broker.registry import ServerMeta
 from common.logs import get_logger
+from inference.client import SGLangClient
+from inference.membership import Membership
 
 log = get_logger("inference")
 
@@ -23,7 +27,7 @@ class SGLangLaunch:
     model: str
     port: int = 30000
     host: str = "127.0.0.1"
-    tp: int = 1
+    tp_size: int = 1
     weight_version: str = "0"
     mem_fraction: float | None = None
     api_key: str | None = None
@@ -38,15 +42,15 @@ class SGLangLaunch:
 
 def build_command(spec: SGLangLaunch) -> list[str]:
     """The argv of the SGLang server (token-in/token-out RL use: swarl sends input_ids)."""
-    if spec.tp < 1:
-        raise ValueError(f"--tp must be at least 1, got {spec.tp}")
+    if spec.tp_size < 1:
+        raise ValueError(f"--tp-size must be at least 1, got {spec.tp_size}")
     if spec.mem_fraction is not None and not 0.0 < spec.mem_fraction <= 1.0:
         raise ValueError(f"--mem-fraction must be in (0, 1], got {spec.mem_fraction}")
     cmd = [spec.python, "-m", "sglang.launch_server",
            "--model-path", spec.model,
            "--host", spec.host,
            "--port", str(spec.port),
-           "--tp-size", str(spec.tp),
+           "--tp-size", str(spec.tp_size),
            "--weight-version", str(spec.weight_version)]
     if spec.mem_fraction is not None:
         cmd += ["--mem-fraction-static", f"{spec.mem_fraction:g}"]
@@ -87,16 +91,8 @@ def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, 
 
 async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str, keys: Keys, sid: str,
                      url: str, heartbeat_s: float, start_timeout_s: float) -> None:
-    from broker.connection import connect
-    from broker.registry import PolicyRegistry, ServerMeta, ServerRegistry
-    from inference.client import SGLangClient
-    from inference.registration import version_int
-
-    redis = connect(redis_url)
-    servers, policy = ServerRegistry(redis, keys), PolicyRegistry(redis, keys)
-    client = SGLangClient(spec.url, api_key=spec.api_key, timeout_s=10, retries=0)
-    registered = False
-    try:
+    """Wait (bounded) until SGLang answers /health, then keep its registry entry while it runs."""
+    async with SGLangClient(spec.url, api_key=spec.api_key, timeout_s=10, retries=0) as client:
         deadline = time.monotonic() + start_timeout_s
         while proc.poll() is None and not await client.health():
             if time.monotonic() > deadline:
@@ -104,22 +100,7 @@ async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str,
             await asyncio.sleep(2)
         if proc.poll() is not None:
             return
-        version = version_int(await client.get_weight_version())
-        current = await policy.current()
-        state = "ready" if version is not None and version >= current else "starting"
-        await servers.register(sid, url, version, state=state, meta=ServerMeta(kind="sglang", model=spec.model, tp_size=spec.tp))
-        registered = True
-        log.info("server_registered", server_id=sid, url=url, version=version, state=state)
-        while proc.poll() is None:
-            try:
-                version = version_int(await client.get_weight_version())
-                await servers.heartbeat(sid, version=version)
-            except Exception as e:
-                log.warning("registry_heartbeat_failed", server_id=sid, error=str(e))
-            await asyncio.sleep(heartbeat_s)
-    finally:
-        await client.aclose()
-        if registered:
-            with contextlib.suppress(Exception):
-                await servers.remove(sid)
-        await redis.aclose()
+        async with Membership(redis_url, keys, sid, url,
+                              ServerMeta(kind="sglang", model=spec.model, tp_size=spec.tp_size),
+                              version=client.get_weight_version, heartbeat_s=heartbeat_s):
+            await asyncio.to_thread(proc.wait)  # SIGTERM/SIGINT are forwarded to SGLang: it exits

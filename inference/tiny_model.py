@@ -85,11 +85,10 @@ def init_tiny(out_dir: str | Path, seed: int = 0, **size_overrides: Any) -> Path
         clean_up_tokenization_spaces=False,
     )
     tok.save_pretrained(out)
-    eos_id = tok.convert_tokens_to_ids(EOS_TOKEN)
-    pad_id = tok.convert_tokens_to_ids(PAD_TOKEN)
+    eos_id, pad_id = tok.eos_token_id, tok.pad_token_id
 
     config = Qwen3Config(**size, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
-                         torch_dtype="float32")
+                         dtype="float32")
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

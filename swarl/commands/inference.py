@@ -38,6 +38,8 @@ def serve(
     advertise_url: Annotated[str | None, typer.Option("--advertise-url", help="URL others reach this server at.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads (default inference.threads).")] = None,
     max_batch_size: Annotated[int | None, typer.Option("--max-batch-size", help="Most requests per decode batch.")] = None,
+    tp_size: Annotated[int | None, typer.Option(
+        "--tp-size", help="Tensor-parallel size to act as in weight-update groups (default inference.tp_size).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -45,7 +47,7 @@ def serve(
     cfg = load(config, sets, extra={
         "inference.model": model, "inference.port": port, "inference.host": host,
         "inference.weight_version": weight_version, "inference.threads": threads,
-        "inference.max_batch_size": max_batch_size, "run.id": run_id,
+        "inference.max_batch_size": max_batch_size, "inference.tp_size": tp_size, "run.id": run_id,
     })
     ic = cfg.inference
     if not ic.model:
@@ -62,13 +64,13 @@ def serve(
 
     from inference.cpu_server import DrainingServer, ServerSettings, create_app
 
-    torch.set_num_threads(max(1, ic.threads))
+    torch.set_num_threads(ic.threads)
     hf_logging.disable_progress_bar()
     settings = ServerSettings(
         model_dir=ic.model, host=ic.host, port=ic.port, weight_version=ic.weight_version, api_key=key,
         max_batch_size=ic.max_batch_size, max_prefill_tokens=ic.max_prefill_tokens, seed=ic.seed,
-        redis_url=redis_url or cfg.redis.url, keys=cfg.keys, server_id=server_id, advertise_url=advertise_url,
-        heartbeat_s=ic.heartbeat_s,
+        tp_size=ic.tp_size, redis_url=redis_url or cfg.redis.url, redis_cfg=cfg.redis, keys=cfg.keys,
+        server_id=server_id, advertise_url=advertise_url, heartbeat_s=ic.heartbeat_s,
     )
     app = create_app(settings)
     server = DrainingServer(uvicorn.Config(app, host=ic.host, port=ic.port, log_level="warning",
@@ -82,7 +84,8 @@ def launch_sglang(
     model: Annotated[str, typer.Option("--model", help="Model path (HF directory or hub id) for SGLang.")],
     port: Annotated[int, typer.Option("--port", help="Port SGLang listens on.")] = 30000,
     host: Annotated[str, typer.Option("--host", help="Bind address.")] = "127.0.0.1",
-    tp: Annotated[int, typer.Option("--tp", help="Tensor parallel size (GPUs per engine).")] = 1,
+    tp_size: Annotated[int, typer.Option("--tp-size", "--tp", help="SGLang's --tp-size: GPUs per server; "
+                                         "registered, so a weight-update group gets one rank per GPU.")] = 1,
     weight_version: Annotated[str, typer.Option("--weight-version", help="Starting weight version.")] = "0",
     mem_fraction: Annotated[float | None, typer.Option("--mem-fraction", help="--mem-fraction-static.")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help=f"Bearer token (or {API_KEY_ENV}).")] = None,
@@ -102,14 +105,19 @@ def launch_sglang(
 
     cfg = load(config, sets)
     key = api_key or os.environ.get(API_KEY_ENV) or cfg.inference.api_key
-    spec = SGLangLaunch(model=model, port=port, host=host, tp=tp, weight_version=weight_version,
+    spec = SGLangLaunch(model=model, port=port, host=host, tp_size=tp_size, weight_version=weight_version,
                         mem_fraction=mem_fraction, api_key=key, base_gpu_id=base_gpu_id, extra=extra or [])
-    cmd = build_command(spec)
+    try:
+        cmd = build_command(spec)
+    except ValueError as e:
+        typer.echo(f"swarl: {e}", err=True)
+        raise typer.Exit(2) from None
     shown = [("***" if i > 0 and cmd[i - 1] == "--api-key" else a) for i, a in enumerate(cmd)]
     typer.echo(shlex.join(shown))
     if run:
         raise typer.Exit(run_and_register(spec, cmd, redis_url or cfg.redis.url, cfg.keys,
-                                          server_id=server_id, advertise_url=advertise_url))
+                                          server_id=server_id, advertise_url=advertise_url,
+                                          heartbeat_s=cfg.inference.heartbeat_s))
 
 
 @model_app.command("init-tiny")
@@ -122,7 +130,6 @@ def init_tiny_cmd(
 
     path = init_tiny(out_dir, seed=seed)
     typer.echo(str(path))
-
 
 
 scripted_app = typer.Typer(help="Scripted policy server (tests, benchmarks, demo).",
@@ -140,9 +147,8 @@ def scripted_serve(
     mode: Annotated[str, typer.Option("--mode", help="fix | wrong | noop | format | loop | sleep | flood")] = "fix",
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 30100,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SWARL_INFERENCE_API_KEY",
-                                                help="Bearer key required on every request.")] = None,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without a key (warns).")] = False,
+    api_key: Annotated[str | None, typer.Option("--api-key", help=f"Bearer token required (or {API_KEY_ENV}).")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without an API key (warns).")] = False,
     weight_version: Annotated[str, typer.Option("--weight-version")] = "0",
     tasks: Annotated[str | None, typer.Option("--tasks", help="JSONL of instance rows (default: "
                                               "the bundled suite).")] = None,
@@ -162,11 +168,8 @@ def scripted_serve(
     from inference.scripted import serve
 
     cfg = load(config, sets, extra={"run.id": run_id})
-    if not api_key and not no_auth:
-        typer.echo("scripted serve: --api-key (or SWARL_INFERENCE_API_KEY) is required; "
-                   "--no-auth to serve without one", err=True)
-        raise typer.Exit(2)
-    if no_auth:
+    key = _api_key(api_key, cfg.inference.api_key, no_auth)
+    if key is None:
         get_logger("inference.scripted").warning("serving_without_auth")
     if tasks:
         rows = [json.loads(line) for line in Path(tasks).read_text().splitlines() if line.strip()]
@@ -175,5 +178,6 @@ def scripted_serve(
         from envd.tasks import load_tasks
 
         rows = load_tasks("all")
-    asyncio.run(serve(tokenizer, mode, host, port, api_key, weight_version, rows,
-                      redis_url or cfg.redis.url, cfg.keys, server_id=server_id, sleep_s=sleep_s))
+    asyncio.run(serve(tokenizer, mode, host, port, key, weight_version, rows,
+                      redis_url or cfg.redis.url, cfg.keys, server_id=server_id,
+                      heartbeat_s=cfg.inference.heartbeat_s, sleep_s=sleep_s, redis_cfg=cfg.redis))

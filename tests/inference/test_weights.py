@@ -1,5 +1,6 @@
-"""Weight updates on a CPU server subprocess: from disk, and distributed with this test process
-as rank 0 of a gloo group (SGLang's rank layout)."""
+"""Weight updates on CPU server subprocesses: from disk, and distributed with this test process as
+rank 0 of a gloo group (weight_sync's trainer side; SGLang's rank layout), including a server
+acting as tensor-parallel size 2 beside a tp-1 server in one group."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 import torch
 from fixtures_inference import CpuServerHandle, start_cpu_server
 
-from common.services import free_port
 from inference.client import SGLangClient
-from inference.dist_group import broadcast, destroy_group, new_group
+from inference.dist_group import first_difference
 from inference.tiny_model import init_tiny
 from inference.weights import checksum, named_weights, read_safetensors_dir
+from weight_sync.update_group import UpdateGroup
 
 PROMPT = [1, 846, 1045, 97, 300, 12]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -70,29 +71,16 @@ async def test_update_from_disk_changes_outputs_and_version(client, server, tiny
     assert (await client.generate(PROMPT, GREEDY)).output_ids == before.output_ids
 
 
-async def _distributed_update(client, tensors: dict[str, torch.Tensor], group: str, version: str) -> dict:
-    port = free_port()
-    ans = await client.init_weights_update_group("127.0.0.1", port, rank_offset=1, world_size=2,
-                                                 group_name=group, backend="gloo")
-    assert ans["success"] is True, ans
-    pg = await asyncio.wait_for(asyncio.to_thread(new_group, "127.0.0.1", port, 0, 2, group, "gloo", 60), 90)
+async def _distributed_update(clients: list[SGLangClient], tp_sizes: list[int], tensors: dict[str, torch.Tensor],
+                              group: str, version: int, bucket_bytes: int = 1 << 20) -> None:
+    """Rank 0 of a group over `clients`: send every tensor (several buckets), then destroy the group."""
+    g = UpdateGroup(name=group, members=[c.url for c in clients], clients=clients, tp_sizes=tp_sizes,
+                    backend="gloo", timeout_s=90)
+    await asyncio.wait_for(g.connect(), 120)
     try:
-        names = list(tensors)
-
-        def send() -> None:
-            for n in names:
-                broadcast(pg, tensors[n].contiguous(), src=0)
-
-        res, _ = await asyncio.wait_for(asyncio.gather(
-            client.update_weights_from_distributed(
-                names, [str(tensors[n].dtype) for n in names], [list(tensors[n].shape) for n in names],
-                group_name=group, weight_version=version),
-            asyncio.to_thread(send)), 120)
+        await asyncio.wait_for(g.send(tensors.items(), version, bucket_bytes), 120)
     finally:
-        destroyed = await client.destroy_weights_update_group(group)
-        destroy_group(pg)
-    assert destroyed["success"] is True
-    return res
+        await g.close()
 
 
 async def test_update_from_distributed_is_bit_identical(client, server, tiny_model_dir, other_model):
@@ -103,27 +91,80 @@ async def test_update_from_distributed_is_bit_identical(client, server, tiny_mod
     with torch.no_grad():  # weights no file holds: a trainer's step
         for t in tensors.values():
             t.add_(0.001)
-    res = await _distributed_update(client, tensors, "weight_update_group", "3")
-    assert res["success"] is True, res
+    await _distributed_update([client], [1], tensors, "weight_update_group", 3)
     assert await server_checksum(server) == checksum(tensors)
     out = await client.generate(PROMPT, GREEDY)
     assert out.weight_version == "3"
 
     # a second group over the server's life (same name, after destroy) works as well
     base = read_safetensors_dir(tiny_model_dir)
-    res = await _distributed_update(client, base, "weight_update_group", "4")
-    assert res["success"] is True, res
+    await _distributed_update([client], [1], base, "weight_update_group", 4)
     assert await server_checksum(server) == checksum(base)
     assert await client.get_weight_version() == "4"
 
 
 async def test_distributed_update_with_wrong_names_keeps_weights(client, server):
     before = await server_checksum(server)
-    res = await _distributed_update(client, {"model.no_such.weight": torch.ones(3)}, "bad_group", "99")
-    assert res["success"] is False and "no_such" in res["message"]
+    with pytest.raises(RuntimeError, match="no_such"):
+        await _distributed_update([client], [1], {"model.no_such.weight": torch.ones(3)}, "bad_group", 99)
     assert await server_checksum(server) == before and await client.get_weight_version() != "99"
     missing = await client.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="nope")
     assert missing["success"] is False and "nope" in missing["message"]
+
+
+@pytest.fixture(scope="module")
+def tp2_server(tiny_model_dir, tmp_path_factory) -> Iterator[CpuServerHandle]:
+    h = start_cpu_server(tiny_model_dir, tp_size=2, log_dir=tmp_path_factory.mktemp("tp2-server"))
+    yield h
+    h.stop()
+
+
+async def test_a_tp2_and_a_tp1_server_in_one_group_receive_the_same_weights(client, server, tp2_server,
+                                                                            other_model):
+    from transformers import AutoModelForCausalLM
+
+    trainer = AutoModelForCausalLM.from_pretrained(other_model, dtype=torch.float32)
+    tensors = named_weights(trainer)
+    with torch.no_grad():
+        for t in tensors.values():
+            t.mul_(1.01)
+    async with SGLangClient(tp2_server.url, api_key=tp2_server.api_key, timeout_s=120, retries=1) as tp2:
+        # world_size 4: trainer 0, the tp-2 server at ranks 1..2, the tp-1 server at rank 3
+        await _distributed_update([tp2, client], [2, 1], tensors, "mixed_tp_group", 11)
+        assert await server_checksum(tp2_server) == checksum(tensors) == await server_checksum(server)
+        assert await tp2.get_weight_version() == "11" == await client.get_weight_version()
+        assert "weight_group_joined group=mixed_tp_group ranks=1..2 world_size=4" in tp2_server.log()
+
+        # the same servers the other way round: the tp-2 server at ranks 2..3
+        base = read_safetensors_dir(other_model)
+        await _distributed_update([client, tp2], [1, 2], base, "mixed_tp_group", 12)
+        assert await server_checksum(tp2_server) == checksum(base) == await server_checksum(server)
+        assert "weight_group_joined group=mixed_tp_group ranks=2..3 world_size=4" in tp2_server.log()
+
+
+@pytest.mark.parametrize(("rank_offset", "world_size", "why"), [
+    (0, 3, "rank_offset 0 must be at least 1 (rank 0 is the trainer)"),
+    (2, 3, "rank_offset 2 + tp_size 2 exceeds world_size 3: this server's ranks 2..3 must lie in 1..2"),
+    (1, 2, "rank_offset 1 + tp_size 2 exceeds world_size 2"),  # a trainer that took it for tp 1
+])
+async def test_ranks_that_do_not_fit_the_group_are_refused(tp2_server, rank_offset, world_size, why):
+    async with SGLangClient(tp2_server.url, api_key=tp2_server.api_key, retries=0) as c:
+        ans = await c.init_weights_update_group("127.0.0.1", 1, rank_offset, world_size, group_name="g")
+        assert ans["success"] is False and why in ans["message"], ans
+        missing = await c.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="g")
+        assert missing["success"] is False and "no weight update group 'g'" in missing["message"]
+
+
+def test_ranks_that_received_other_bytes_are_named():
+    names = ["a", "b"]
+    same = [[torch.ones(2), torch.zeros(())], [torch.ones(2), torch.zeros(())]]
+    assert first_difference(names, same, [1, 2]) == ""
+    flipped = torch.zeros(())
+    flipped.reshape(1).view(torch.uint8)[0] = 1  # one bit of a float: a denormal, other bytes
+    assert first_difference(names, [same[0], [torch.ones(2), flipped]], [3, 4]) == \
+        "b: rank 4 received other bytes than rank 3"
+    assert first_difference(names, [same[0], [torch.ones(2, dtype=torch.float64), torch.zeros(())]], [1, 2]) \
+        == "a: rank 2 received other bytes than rank 1"
 
 
 async def test_pause_aborts_in_flight_and_new_requests_wait_for_continue(client):
