@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from common.procs import terminate
 from common.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,13 +36,7 @@ class CpuServerHandle:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (deregisters, releases groups), then SIGKILL if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc, timeout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

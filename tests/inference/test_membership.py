@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+from fixtures_inference import entry, wait_for
 
 from broker.config import RedisConfig
 from broker.registry import PolicyRegistry, ServerMeta, ServerRegistry
@@ -15,17 +16,6 @@ from common.services import free_port
 from inference.membership import Membership, version_int
 
 META = ServerMeta(kind="swarl-cpu", model="/m", tp_size=2)
-
-
-async def wait_for(cond, within_s: float = 10.0, every: float = 0.05):
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(every)
 
 
 def test_version_int():
@@ -61,7 +51,7 @@ async def test_heartbeats_carry_the_version_and_wake_beats_at_once(redis_url, ar
         assert (await servers.get("s1")).version == 1
         version["v"] = "4"
         wake.set()
-        await wait_for(lambda: _version_is(servers, "s1", 4), within_s=3)  # not 30 s later
+        await wait_for(entry(servers, "s1", lambda s: s.version == 4), within_s=3)  # not 30 s later
         version["v"] = "5"
         await asyncio.sleep(0.5)
         assert (await servers.get("s1")).version == 4  # no wake: the next beat is 30 s away
@@ -76,7 +66,7 @@ async def test_redis_away_at_start_then_back_then_gone_again(redis_factory, keys
     async with member:  # Redis not there: entering does not fail, and is bounded
         assert time.monotonic() - t0 < 5 and not member.registered
         assert await member.pin_count() == 0
-        await wait_for(lambda: _true(member.failures >= 3), within_s=5)  # beats go on, failing
+        await wait_for(lambda: member.failures >= 3, within_s=5)  # beats go on, failing
         srv = redis_factory(appendonly=True, dir=tmp_path / "r", port=port)
         r = aioredis.Redis.from_url(url)
         try:
@@ -92,7 +82,7 @@ async def test_redis_away_at_start_then_back_then_gone_again(redis_factory, keys
             r = aioredis.Redis.from_url(srv2.url)
             servers = ServerRegistry(r, keys)
             first = (await servers.get("s1")).heartbeat
-            await wait_for(lambda: _newer(servers, "s1", first), within_s=10)
+            await wait_for(entry(servers, "s1", lambda s: s.heartbeat > first), within_s=10)
             await member.set_state("draining")
             assert (await servers.get("s1")).state == "draining"
         finally:
@@ -109,17 +99,3 @@ async def test_a_membership_that_is_not_running_says_so(redis_url, keys):
     m = Membership(redis_url, keys, "x", "http://x", META, lambda: "0")
     with pytest.raises(RuntimeError, match="not running"):
         _ = m.servers
-
-
-async def _version_is(servers, sid, v):
-    s = await servers.get(sid)
-    return s is not None and s.version == v
-
-
-async def _newer(servers, sid, hb):
-    s = await servers.get(sid)
-    return s is not None and s.heartbeat > hb
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -7,21 +7,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import signal
-import time
+
+from fixtures_inference import entry, wait_for
 
 from broker.registry import PolicyRegistry, ServerMeta, ServerRegistry
 from inference.client import SGLangClient
-
-
-async def wait_for(cond, within_s: float = 20.0, every: float = 0.1):
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(every)
 
 
 async def test_registers_heartbeats_and_deregisters(cpu_server_factory, tiny_model_dir, redis_url, aredis, keys):
@@ -46,20 +36,20 @@ async def test_registers_heartbeats_and_deregisters(cpu_server_factory, tiny_mod
 
     # heartbeats keep coming, and carry a new version promptly
     hb = b.heartbeat
-    await wait_for(lambda: _newer(servers, "cpu-b", hb), within_s=10)
+    await wait_for(entry(servers, "cpu-b", lambda s: s.heartbeat > hb), within_s=10)
     async with SGLangClient(current.url, api_key=current.api_key) as c:
         await c.update_weight_version("3")
-    await wait_for(lambda: _version_is(servers, "cpu-b", 3), within_s=5)
+    await wait_for(entry(servers, "cpu-b", lambda s: s.version == 3), within_s=5)
     assert (await servers.get("cpu-b")).state == "ready"  # the server never changes its own state
 
     # SIGTERM drains: no new pins while the pinned episode lives, then deregister and exit
     current.proc.send_signal(signal.SIGTERM)
-    await wait_for(lambda: _state_is(servers, "cpu-b", "draining"), within_s=10)
+    await wait_for(entry(servers, "cpu-b", lambda s: s.state == "draining"), within_s=10)
     assert await servers.pin("p2", min_version=2) is None
     await asyncio.sleep(1.0)
     assert current.proc.poll() is None and await servers.get("cpu-b") is not None
     await servers.unpin("cpu-b", "p1")
-    await wait_for(lambda: _gone(servers, "cpu-b"), within_s=15)
+    await wait_for(_gone(servers, "cpu-b"), within_s=15)
     await asyncio.to_thread(current.proc.wait, 15)
     assert await servers.get(behind.server_id) is not None
 
@@ -77,26 +67,15 @@ async def test_scripted_server_registers_ready_at_any_version_and_leaves(cpu_ser
     assert s.meta == ServerMeta(kind="scripted", model=str(tiny_model_dir), tp_size=1)
     async with SGLangClient(h.url, api_key=h.api_key) as c:
         await c.update_weight_version("7")
-    await wait_for(lambda: _version_is(servers, "scripted-a", 7), within_s=5)
+    await wait_for(entry(servers, "scripted-a", lambda s: s.version == 7), within_s=5)
     h.proc.send_signal(signal.SIGTERM)
     await asyncio.to_thread(h.proc.wait, 15)
     assert await servers.get("scripted-a") is None
 
 
-async def _state_is(servers, sid, state):
-    s = await servers.get(sid)
-    return s is not None and s.state == state
 
+def _gone(servers, sid):
+    async def cond():
+        return await servers.get(sid) is None
 
-async def _newer(servers, sid, hb):
-    s = await servers.get(sid)
-    return s is not None and s.heartbeat > hb
-
-
-async def _version_is(servers, sid, v):
-    s = await servers.get(sid)
-    return s is not None and s.version == v
-
-
-async def _gone(servers, sid):
-    return await servers.get(sid) is None
+    return cond
