@@ -477,7 +477,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         eng = srv().engine
         stats = vars(eng.stats).copy()
         return {"model_path": settings.model_dir, "host": settings.host, "port": settings.port,
-                "weight_version": eng.weight_version, "version": "swarl-cpu",
+                "tp_size": settings.tp_size, "weight_version": eng.weight_version, "version": "swarl-cpu",
                 "max_running_requests": eng.max_batch_size, "context_length": eng.context_len,
                 "internal_states": [{"num_running": eng.num_running, "num_waiting": eng.num_waiting,
                                      "paused": eng.paused, **stats}],

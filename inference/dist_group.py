@@ -152,8 +152,11 @@ class ReceivingGroup:
                 out.append(t)
             return out
 
-        with ThreadPoolExecutor(len(self.members), thread_name_prefix=f"recv-{self.name}") as pool:
-            return list(pool.map(one_rank, self.members))
+        members = list(self.members)
+        if not members:
+            raise GroupError(f"group {self.name!r} has no joined ranks (destroyed, or its join failed)")
+        with ThreadPoolExecutor(len(members), thread_name_prefix=f"recv-{self.name}") as pool:
+            return list(pool.map(one_rank, members))
 
     def close(self) -> None:
         with self._lock:

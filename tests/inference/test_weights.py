@@ -134,6 +134,7 @@ async def test_a_tp2_and_a_tp1_server_in_one_group_receive_the_same_weights(clie
         assert await server_checksum(tp2_server) == checksum(tensors) == await server_checksum(server)
         assert await tp2.get_weight_version() == "11" == await client.get_weight_version()
         assert "weight_group_joined group=mixed_tp_group ranks=1..2 world_size=4" in tp2_server.log()
+        assert (await tp2.get_server_info())["tp_size"] == 2
 
         # the same servers the other way round: the tp-2 server at ranks 2..3
         base = read_safetensors_dir(other_model)
