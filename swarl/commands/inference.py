@@ -145,16 +145,17 @@ def _scripted() -> None:
 def scripted_serve(
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="HF tokenizer directory.")],
     mode: Annotated[str, typer.Option("--mode", help="fix | wrong | noop | format | loop | sleep | flood")] = "fix",
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port")] = 30100,
+    host: Annotated[str, typer.Option("--host", help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port.")] = 30100,
     api_key: Annotated[str | None, typer.Option("--api-key", help=f"Bearer token required (or {API_KEY_ENV}).")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without an API key (warns).")] = False,
-    weight_version: Annotated[str, typer.Option("--weight-version")] = "0",
+    weight_version: Annotated[str, typer.Option("--weight-version", help="Weight version it reports.")] = "0",
     tasks: Annotated[str | None, typer.Option("--tasks", help="JSONL of instance rows (default: "
                                               "the bundled suite).")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", help="Register as ready here.")] = None,
+    redis_url: Annotated[str | None, typer.Option(
+        "--redis-url", help="Register in this Redis's server registry, ready at any version (default redis.url).")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the registry keys (default run.id).")] = None,
-    server_id: Annotated[str | None, typer.Option("--server-id")] = None,
+    server_id: Annotated[str | None, typer.Option("--server-id", help="Registry id (default host:port).")] = None,
     sleep_s: Annotated[int, typer.Option("--sleep-s", help="Seconds the `sleep` mode's command sleeps.")] = 30,
     config: ConfigOpt = None,
     sets: SetOpt = None,
