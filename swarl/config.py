@@ -24,6 +24,7 @@ from common.settings import LayeredSettings, Section, SettingsError
 from envd.config import EnvdConfig, PoolConfig
 from inference.config import InferenceConfig
 from learner.config import LearnerConfig
+from swarl.plan import ClusterConfig
 from weight_sync.config import WeightSyncConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,7 @@ class SwarlConfig(LayeredSettings):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @property
     def keys(self) -> Keys:

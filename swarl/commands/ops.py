@@ -1,4 +1,4 @@
-"""Operator commands: `swarl config [show|docs]`, `swarl data prepare`, `swarl systemd install`.
+"""Operator commands: `swarl config [show|docs|plan]`, `swarl data prepare`, `swarl systemd install`.
 (`swarl demo` and `swarl eval` are mounted by the lead.)"""
 
 from __future__ import annotations
@@ -64,6 +64,34 @@ def config_docs(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     typer.echo(f"wrote {out}")
+
+
+@config_app.command("plan")
+def config_plan(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+) -> None:
+    """Per-GPU memory of a GPU recipe: the learner's weights, grads, optimizer state and
+    activations, the inference servers' weights and KV room. Exit 1 when it does not fit its
+    GPUs (each reason printed), 2 when it cannot be planned."""
+    from swarl.plan import PlanError, make_plan, render
+
+    cfg = load(config, sets)
+    try:
+        plan = make_plan(cfg.learner, cfg.actor, cfg.cluster, cfg.pool.max_concurrent,
+                         inference_model=cfg.inference.model)
+    except PlanError as e:
+        typer.echo(f"swarl config plan: {e}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({**plan.model_dump(mode="json"), "fits": plan.fits}))
+    else:
+        typer.echo(render(plan, cfg.cluster, cfg.learner), nl=False)
+    for problem in plan.problems:
+        typer.echo(f"swarl config plan: does not fit: {problem}", err=True)
+    if not plan.fits:
+        raise typer.Exit(1)
 
 
 @data_app.command("prepare")

@@ -1,4 +1,5 @@
-"""The GPU recipes load with the real config loader and carry the seed's settings."""
+"""The GPU recipes load with the real config loader, carry the published run's settings, and use
+the GPU counts of the published runs (their memory is checked in test_ops_plan)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from swarl.config import load_config
 
 GPU = Path(__file__).resolve().parents[2] / "configs" / "gpu"
 RECIPES = {"qwen3-8b.yaml": "Qwen3-8B", "qwen3-32b.yaml": "Qwen3-32B"}
+GPUS = {"qwen3-8b.yaml": 16, "qwen3-32b.yaml": 64}
 
 
 def test_both_recipes_exist():
@@ -33,6 +35,22 @@ def test_recipe_loads_with_seed_settings(name):
     assert cfg.inference.model == cfg.learner.model_dir == cfg.actor.tokenizer
     # the prompt budget leaves room for the answer
     assert cfg.actor.max_context_len - cfg.actor.sampling.max_new_tokens == 12288
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_gpus_and_launch_comments_agree(name):
+    cfg = load_config(GPU / name, environ={})
+    cl, lc = cfg.cluster, cfg.learner
+    learner_gpus = cl.learner_nodes * cl.gpus_per_node
+    assert learner_gpus + cl.inference_servers * cl.inference_tp_size == GPUS[name]
+    assert learner_gpus % (lc.tensor_parallel * lc.pipeline_parallel) == 0
+    assert learner_gpus // (lc.tensor_parallel * lc.pipeline_parallel) > 1  # data parallel
+    assert lc.use_distributed_optimizer and lc.recompute == "full"
+    text = (GPU / name).read_text()
+    assert f"--tp-size {cl.inference_tp_size} --mem-fraction {cl.inference_mem_fraction:g}" in text
+    assert f"--nproc-per-node {cl.gpus_per_node}" in text
+    if cl.learner_nodes > 1:
+        assert f"torchrun --nnodes {cl.learner_nodes}" in text
 
 
 def test_recipe_env_overrides_still_apply():
