@@ -187,10 +187,12 @@ class HttpClient:
 
     async def request(self, method: str, path: str, *, json: Any = None,
                       params: dict[str, Any] | None = None, timeout_s: float | None = None,
-                      retries: int | None = None) -> httpx.Response:
+                      retries: int | None = None,
+                      retry_on: tuple[type[Exception], ...] | None = None) -> httpx.Response:
+        """One request; `retries` / `retry_on` override the client's for this call."""
         timeout = self._timeout(timeout_s) if timeout_s else None
         attempts = AsyncRetrying(
-            retry=retry_if_exception_type(self.retry_on),
+            retry=retry_if_exception_type(self.retry_on if retry_on is None else retry_on),
             stop=stop_after_attempt(1 + (self.retries if retries is None else retries)),
             wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
             reraise=True)

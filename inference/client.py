@@ -95,9 +95,6 @@ class SGLangClient:
         self.timeout_s = timeout_s
         self._http = HttpClient(self.url, api_key, timeout_s, retries, backoff_s,
                                 retry_on=NO_ANSWER, max_connections=256)
-        # weight updates are rare and must not repeat once sent: their own pool and retry policy
-        self._once = HttpClient(self.url, api_key, timeout_s, retries, backoff_s,
-                                retry_on=NOT_SENT, max_connections=8)
 
     async def __aenter__(self) -> SGLangClient:
         return self
@@ -106,15 +103,14 @@ class SGLangClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        try:
-            await self._http.aclose()
-        finally:
-            await self._once.aclose()
+        await self._http.aclose()
 
     async def _request(self, method: str, path: str, json: Any = None, timeout_s: float | None = None,
-                       ok_statuses: tuple[int, ...] = (), http: HttpClient | None = None) -> httpx.Response:
+                       ok_statuses: tuple[int, ...] = (),
+                       retry_on: tuple[type[Exception], ...] | None = None) -> httpx.Response:
         try:
-            resp = await (http or self._http).request(method, path, json=json, timeout_s=timeout_s)
+            resp = await self._http.request(method, path, json=json, timeout_s=timeout_s,
+                                            retry_on=retry_on)
         except httpx.TimeoutException as e:
             raise InferenceError(None, f"{method} {self.url}{path}: timed out ({type(e).__name__})") from e
         except httpx.HTTPError as e:
@@ -128,7 +124,8 @@ class SGLangClient:
 
     async def _update(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Weight-update endpoints answer {"success", "message"} with 200 or 400: return it."""
-        resp = await self._request("POST", path, json=body, ok_statuses=(400,), http=self._once)
+        # must not repeat once sent: only a request that never reached the server is sent again
+        resp = await self._request("POST", path, json=body, ok_statuses=(400,), retry_on=NOT_SENT)
         data = _json_or_text(resp)
         if resp.status_code == 400 and not (isinstance(data, dict) and "success" in data):
             raise InferenceError(400, _message(resp))
