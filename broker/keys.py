@@ -14,6 +14,9 @@ from dataclasses import dataclass
 ACTOR_TTL_S = 30           # an actor's registry entry lives this long past its last heartbeat
 SERVER_TTL_S = 30          # an inference server's heartbeat goes stale after this
 PIN_TTL_S = 120            # a pin lives this long past its holder's last renewal
+# envd's lease (envd_leases) on a pool's container is this many pool leases long (pool.lease_ttl_s),
+# renewed by every call the pool forwards: a container whose pool lease vanished still expires.
+POOL_CONTAINER_TTL_FACTOR = 2
 ARQ_JOB_PREFIX = "arq:job:"
 ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
 ARQ_RESULT_PREFIX = "arq:result:"
@@ -127,8 +130,14 @@ class Keys:
         return f"{self.base}:pool:leases"
 
     def pool_lease(self, lease_id: str) -> str:
-        """Hash: container_id, node_url, image, instance_id, owner, created."""
+        """Hash: container_id, node_url, state (creating/active), image, instance_id, owner, created."""
         return f"{self.base}:pool:lease:{lease_id}"
+
+    @property
+    def pool_load(self) -> str:
+        """Hash node_url -> number of leases on it; kept by the pool's reserve and release
+        scripts, in step with pool_leases."""
+        return f"{self.base}:pool:load"
 
     def envd_leases(self, node_id: str) -> str:
         """Sorted set container_id -> lease expiry, kept by the envd on node `node_id`."""

@@ -1,24 +1,42 @@
-"""Async clients for actors: the pool (leases) and a single envd node.
+"""The one async client of the envd API, for the pool (leases) or one envd node (containers).
 
-EnvError means the infrastructure failed (connection, 5xx, a lost lease): the episode must be
-retried or dropped, never scored -1. EnvRequestError (a ValueError) means the request itself
-was bad (4xx naming the field). Only connection errors are retried, with backoff.
+`EnvdClient.pool(url, token)` is what actors use: allocate a lease, then exec / diff /
+evaluate / heartbeat / close it by lease id. `EnvdClient.node(url, token)` speaks to one envd
+by container id (create / exec / diff / evaluate / heartbeat / destroy / healthz); the pool
+uses it for every call to a node.
+
+EnvError means the infrastructure failed (connection, 5xx, read timeout, a lost lease): the
+episode must be retried or dropped, never scored -1. EnvRequestError (a ValueError) means the
+request itself was bad (4xx naming the field). Requests that got no answer are retried by
+common.http's policy (connection errors, plus a connection the server dropped before
+answering: an exec may then run twice, as with any HTTP client that retries).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from common.http import NOT_SENT, HttpClient
+from envd.schemas import DIFF_TIMEOUT_S
+
 __all__ = ["EnvError", "EnvRequestError", "EnvdClient", "EvalResult", "ExecResult", "Lease",
            "LeaseLost", "PoolClient"]
 
+# Transport failures sent again: never sent, or the connection dropped before any answer.
+RETRY_ON: tuple[type[Exception], ...] = (*NOT_SENT, httpx.RemoteProtocolError)
+EVAL_SLACK_S = 300.0  # evaluate: a fresh container's create and the patch apply, on top of the run
+
 
 class EnvError(Exception):
-    """Infrastructure failure (connection, 5xx, lease lost) — never a -1 reward."""
+    """Infrastructure failure (connection, 5xx, lease lost) — never a -1 reward. `status` is
+    the server's 5xx status when it answered one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class LeaseLost(EnvError):
@@ -31,6 +49,14 @@ class EnvRequestError(ValueError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class DiffFailed(EnvError):
+    """`git diff` failed in the container (the answer carries its exit code and output)."""
+
+    def __init__(self, returncode: int, error: str) -> None:
+        super().__init__(f"diff failed (exit {returncode}): {error}")
+        self.returncode, self.error = returncode, error
 
 
 @dataclass
@@ -46,6 +72,7 @@ class ExecResult:
     output: str
     timed_out: bool = False
     duration_s: float = 0.0
+    truncated: bool = False
 
 
 @dataclass
@@ -58,6 +85,7 @@ class EvalResult:
     error: str = ""
     timed_out: bool = False
     returncode: int | None = None
+    mode: str = ""
 
 
 def _eval_result(body: dict[str, Any]) -> EvalResult:
@@ -65,45 +93,75 @@ def _eval_result(body: dict[str, Any]) -> EvalResult:
                       fail_to_pass=body.get("fail_to_pass") or {},
                       pass_to_pass=body.get("pass_to_pass") or {}, output=body.get("output") or "",
                       error=body.get("error") or "", timed_out=bool(body.get("timed_out")),
-                      returncode=body.get("returncode"))
+                      returncode=body.get("returncode"), mode=body.get("mode") or "")
 
 
 def _exec_result(body: dict[str, Any]) -> ExecResult:
     return ExecResult(returncode=int(body.get("returncode", -1)), output=body.get("output", ""),
-                      timed_out=bool(body.get("timed_out")), duration_s=float(body.get("duration_s", 0.0)))
+                      timed_out=bool(body.get("timed_out")), duration_s=float(body.get("duration_s", 0.0)),
+                      truncated=bool(body.get("truncated")))
 
 
-class _Http:
-    """POST/GET JSON with a bearer token; retries connection errors only (bounded)."""
+@dataclass(frozen=True)
+class _Routes:
+    """Where one side of the API takes the calls both sides have, and what names the target."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float, retries: int,
-                 max_connections: int = 64) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.AsyncClient(
-            headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-            limits=httpx.Limits(max_connections=max_connections))
+    target: str  # the request field: lease_id or container_id
+    exec: str
+    diff: str
+    evaluate: str
+    heartbeat: str
+
+
+_POOL = _Routes("lease_id", "/exec", "/diff", "/evaluate", "/heartbeat")
+_NODE = _Routes("container_id", "/container/exec", "/container/diff", "/container/evaluate",
+                "/container/heartbeat")
+
+
+class EnvdClient:
+    """The envd API over HTTP: a pool (`EnvdClient.pool`) or one node (`EnvdClient.node`).
+
+    exec / diff / evaluate / heartbeat / status / aclose work on both, by lease id on a pool and
+    by container id on a node; allocate / close / add_node / remove_node are the pool's,
+    create / destroy / healthz a node's. Every call has a bounded HTTP timeout: the call's own
+    (`timeout` of exec and evaluate, envd's diff bound) plus `timeout_s`, or `http_timeout_s`.
+    """
+
+    def __init__(self, http: HttpClient, routes: _Routes, allocate_wait_s: float = 60.0) -> None:
+        self.http = http
+        self.routes = routes
+        self.allocate_wait_s = allocate_wait_s
+
+    @classmethod
+    def pool(cls, url: str, token: str | None, timeout_s: float = 60.0, retries: int = 3,
+             allocate_wait_s: float = 60.0, max_connections: int = 64) -> EnvdClient:
+        """The lease pool (`swarl pool serve`), as actors use it."""
+        return cls(HttpClient(url, token, timeout_s, retries, retry_on=RETRY_ON,
+                              max_connections=max_connections), _POOL, allocate_wait_s)
+
+    @classmethod
+    def node(cls, url: str, token: str | None, timeout_s: float = 60.0, retries: int = 3,
+             max_connections: int = 64) -> EnvdClient:
+        """One envd (`swarl envd serve`)."""
+        return cls(HttpClient(url, token, timeout_s, retries, retry_on=RETRY_ON,
+                              max_connections=max_connections), _NODE)
+
+    @property
+    def url(self) -> str:
+        return self.http.url
+
+    @property
+    def is_pool(self) -> bool:
+        return self.routes is _POOL
 
     async def call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                   timeout_s: float | None = None, lost_on_404: bool = False) -> dict[str, Any]:
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                r = await self.client.request(method, f"{self.url}{path}", json=body,
-                                              timeout=timeout_s or self.timeout_s)
-                break
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
-                # Connection never made (or dropped before an answer): safe to retry... except
-                # RemoteProtocolError may follow a delivered request; exec is rerun at most
-                # `retries` times, which the seed's clients also did.
-                if attempt == self.retries:
-                    raise EnvError(f"{method} {self.url}{path}: {e!r}") from e
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            except httpx.HTTPError as e:  # read timeout etc.: not retried
-                raise EnvError(f"{method} {self.url}{path}: {e!r}") from e
+                   timeout_s: float | None = None, lost_on_404: bool = False,
+                   retries: int | None = None) -> dict[str, Any]:
+        """One request; the answer's JSON object, or EnvError / LeaseLost / EnvRequestError."""
+        try:
+            r = await self.http.request(method, path, json=body, timeout_s=timeout_s, retries=retries)
+        except httpx.HTTPError as e:
+            raise EnvError(f"{method} {self.url}{path}: {e!r}") from e
         try:
             out = r.json()
         except ValueError:
@@ -115,113 +173,102 @@ class _Http:
         if 400 <= r.status_code < 500:
             raise EnvRequestError(r.status_code, out.get("error", f"{path}: {r.status_code}"))
         if r.status_code >= 500:
-            raise EnvError(f"{path}: {r.status_code} {out.get('error', '')}")
+            raise EnvError(f"{path}: {r.status_code} {out.get('error', '')}", status=r.status_code)
         return out
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    def _side(self, pool: bool, name: str) -> None:
+        if self.is_pool != pool:
+            raise TypeError(f"{name}() is the {'pool' if pool else 'node'}'s; this client speaks to "
+                            f"{'a pool' if self.is_pool else 'a node'} at {self.url}")
 
-
-class PoolClient:
-    """The pool's API for actors (leases by id)."""
-
-    def __init__(self, url: str, token: str | None, timeout_s: float = 60.0, retries: int = 3,
-                 allocate_wait_s: float = 60.0) -> None:
-        self.http = _Http(url, token, timeout_s, retries)
-        self.allocate_wait_s = allocate_wait_s
-
-    async def allocate(self, image: str, instance_id: str, wait_s: float | None = None,
-                       owner: str = "") -> Lease:
-        wait = self.allocate_wait_s if wait_s is None else wait_s
-        body = await self.http.call("POST", "/allocate", {"image": image, "instance_id": instance_id,
-                                                          "wait_s": wait, "owner": owner},
-                                    timeout_s=wait + self.http.timeout_s + 130)
-        return Lease(body["lease_id"], body["container_id"], body["node_url"])
-
-    async def exec(self, lease_id: str, command: str, cwd: str = "/testbed", timeout: float = 180,  # noqa: ASYNC109 - the seed's name
-                   env: dict[str, str] | None = None) -> ExecResult:
-        body = await self.http.call("POST", "/exec", {"lease_id": lease_id, "command": command, "cwd": cwd,
-                                                      "timeout": timeout, "env": env or {}},
-                                    timeout_s=timeout + self.http.timeout_s, lost_on_404=True)
+    # -- both sides ----------------------------------------------------------------------
+    async def exec(self, target: str, command: str, cwd: str = "/testbed", timeout: float = 180,  # noqa: ASYNC109 - envd's field name
+                   env: dict[str, str] | None = None, http_timeout_s: float | None = None) -> ExecResult:
+        body = await self.call("POST", self.routes.exec,
+                               {self.routes.target: target, "command": command, "cwd": cwd,
+                                "timeout": timeout, "env": env or {}},
+                               timeout_s=http_timeout_s or timeout + self.http.timeout_s, lost_on_404=True)
         return _exec_result(body)
 
-    async def diff(self, lease_id: str, cwd: str = "/testbed") -> str:
-        body = await self.http.call("POST", "/diff", {"lease_id": lease_id, "cwd": cwd},
-                                    timeout_s=120 + self.http.timeout_s, lost_on_404=True)
+    async def diff(self, target: str, cwd: str = "/testbed", http_timeout_s: float | None = None) -> str:
+        """The patch (`git add -A && git diff --cached`); DiffFailed when git failed."""
+        body = await self.call("POST", self.routes.diff, {self.routes.target: target, "cwd": cwd},
+                               timeout_s=http_timeout_s or DIFF_TIMEOUT_S + self.http.timeout_s,
+                               lost_on_404=True)
         if body.get("returncode", 0) != 0:
-            raise EnvError(f"diff failed: {body.get('error', '')}")
-        return body.get("patch", "")
+            raise DiffFailed(int(body["returncode"]), body.get("error", ""))
+        return str(body.get("patch", ""))
 
-    async def evaluate(self, lease_id: str, patch: str, instance: dict[str, Any] | None = None,
+    async def evaluate(self, target: str, patch: str, instance: dict[str, Any] | None = None,
                        eval_script: str | None = None, timeout: float = 3600,  # noqa: ASYNC109
-                       cwd: str = "/testbed") -> EvalResult:
-        body = await self.http.call(
-            "POST", "/evaluate", {"lease_id": lease_id, "patch": patch, "instance": instance,
-                                  "eval_script": eval_script, "cwd": cwd, "timeout": timeout},
-            timeout_s=timeout + 300 + self.http.timeout_s, lost_on_404=True)
+                       cwd: str = "/testbed", http_timeout_s: float | None = None) -> EvalResult:
+        body = await self.call(
+            "POST", self.routes.evaluate,
+            {self.routes.target: target, "patch": patch, "instance": instance,
+             "eval_script": eval_script, "cwd": cwd, "timeout": timeout},
+            timeout_s=http_timeout_s or timeout + EVAL_SLACK_S + self.http.timeout_s, lost_on_404=True)
         return _eval_result(body)
 
-    async def heartbeat(self, lease_id: str) -> None:
-        await self.http.call("POST", "/heartbeat", {"lease_id": lease_id}, lost_on_404=True)
-
-    async def close(self, lease_id: str) -> None:
-        await self.http.call("POST", "/close", {"lease_id": lease_id})
+    async def heartbeat(self, target: str) -> float:
+        """Renew the lease / container; its new expiry (unix s)."""
+        body = await self.call("POST", self.routes.heartbeat, {self.routes.target: target}, lost_on_404=True)
+        return float(body.get("expires", 0.0))
 
     async def status(self) -> dict[str, Any]:
-        return await self.http.call("GET", "/status")
+        return await self.call("GET", "/status")
 
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    # -- the pool ------------------------------------------------------------------------
+    async def allocate(self, image: str, instance_id: str, wait_s: float | None = None,
+                       owner: str = "") -> Lease:
+        self._side(True, "allocate")
+        wait = self.allocate_wait_s if wait_s is None else wait_s
+        body = await self.call("POST", "/allocate", {"image": image, "instance_id": instance_id,
+                                                     "wait_s": wait, "owner": owner},
+                               timeout_s=wait + self.http.timeout_s + 130)
+        return Lease(body["lease_id"], body["container_id"], body["node_url"])
 
-class EnvdClient:
-    """The same operations against one envd node, by container id."""
+    async def close(self, lease_id: str) -> None:
+        self._side(True, "close")
+        await self.call("POST", "/close", {"lease_id": lease_id})
 
-    def __init__(self, url: str, token: str | None, timeout_s: float = 60.0, retries: int = 3) -> None:
-        self.http = _Http(url, token, timeout_s, retries)
+    async def add_node(self, url: str) -> dict[str, Any]:
+        """Add an envd node to the pool; the pool's nodes."""
+        self._side(True, "add_node")
+        return await self.call("POST", "/nodes/add", {"url": url})
 
-    async def create(self, image: str, ttl_s: float | None = None, lease: str | None = None) -> str:
+    async def remove_node(self, url: str) -> dict[str, Any]:
+        """Drain an envd node; the pool's nodes."""
+        self._side(True, "remove_node")
+        return await self.call("POST", "/nodes/remove", {"url": url})
+
+    # -- one node ------------------------------------------------------------------------
+    async def create(self, image: str, ttl_s: float | None = None, lease: str | None = None,
+                     labels: dict[str, str] | None = None, http_timeout_s: float | None = None) -> str:
+        """Create and start a container; its id. An unknown image is an EnvRequestError (404)."""
+        self._side(False, "create")
         body: dict[str, Any] = {"image": image}
         if ttl_s:
             body["ttl_s"] = ttl_s
         if lease:
             body["lease"] = lease
-        out = await self.http.call("POST", "/container/create", body, timeout_s=self.http.timeout_s + 130)
-        return out["container_id"]
-
-    async def exec(self, container_id: str, command: str, cwd: str = "/testbed", timeout: float = 180,  # noqa: ASYNC109 - the seed's name
-                   env: dict[str, str] | None = None) -> ExecResult:
-        out = await self.http.call("POST", "/container/exec",
-                                   {"container_id": container_id, "command": command, "cwd": cwd,
-                                    "timeout": timeout, "env": env or {}},
-                                   timeout_s=timeout + self.http.timeout_s, lost_on_404=True)
-        return _exec_result(out)
-
-    async def diff(self, container_id: str, cwd: str = "/testbed") -> str:
-        out = await self.http.call("POST", "/container/diff", {"container_id": container_id, "cwd": cwd},
-                                   timeout_s=120 + self.http.timeout_s, lost_on_404=True)
-        if out.get("returncode", 0) != 0:
-            raise EnvError(f"diff failed: {out.get('error', '')}")
-        return out.get("patch", "")
-
-    async def evaluate(self, container_id: str, patch: str, instance: dict[str, Any] | None = None,
-                       eval_script: str | None = None, timeout: float = 3600,  # noqa: ASYNC109
-                       cwd: str = "/testbed") -> EvalResult:
-        out = await self.http.call(
-            "POST", "/container/evaluate",
-            {"container_id": container_id, "patch": patch, "instance": instance,
-             "eval_script": eval_script, "cwd": cwd, "timeout": timeout},
-            timeout_s=timeout + 300 + self.http.timeout_s, lost_on_404=True)
-        return _eval_result(out)
-
-    async def heartbeat(self, container_id: str) -> None:
-        await self.http.call("POST", "/container/heartbeat", {"container_id": container_id}, lost_on_404=True)
+        if labels:
+            body["labels"] = labels
+        out = await self.call("POST", "/container/create", body,
+                              timeout_s=http_timeout_s or self.http.timeout_s + 130)
+        return str(out["container_id"])
 
     async def destroy(self, container_id: str) -> None:
-        await self.http.call("POST", "/container/destroy", {"container_id": container_id}, lost_on_404=True)
+        self._side(False, "destroy")
+        await self.call("POST", "/container/destroy", {"container_id": container_id}, lost_on_404=True)
 
-    async def status(self) -> dict[str, Any]:
-        return await self.http.call("GET", "/status")
+    async def healthz(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The node's /healthz answer; not retried (health checks repeat anyway)."""
+        self._side(False, "healthz")
+        return await self.call("GET", "/healthz", timeout_s=timeout_s, retries=0)
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
+
+# Temporary: the actors switch to EnvdClient.pool, then this alias goes.
+PoolClient = EnvdClient.pool

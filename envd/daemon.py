@@ -1,5 +1,5 @@
-"""`swarl envd serve`: the exec daemon on one Docker node (seed-compatible, plus auth, leases,
-limits, in-container timeouts, SWE-bench grading and Prometheus metrics).
+"""`swarl envd serve`: the exec daemon on one Docker node: containers, exec, diff, evaluate,
+with auth, leases, limits, in-container timeouts, SWE-bench grading and Prometheus metrics.
 
 Docker SDK calls block, so each runs in a worker thread under one sized limiter: many execs
 proceed at once while the event loop stays free for heartbeats and health checks.
@@ -22,9 +22,10 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from broker.config import RedisConfig
+from broker.connection import connect
 from broker.keys import Keys
 from common.logs import get_logger
-from envd import httputil
+from envd import httputil, swe_eval
 from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
@@ -36,15 +37,14 @@ from envd.docker_backend import (
     exec_seconds,
 )
 from envd.httputil import ApiError
-from envd.leases import LeaseStore, MemoryLeases, RedisLeases, connect_redis
+from envd.leases import LeaseStore, MemoryLeases, RedisLeases
 from envd.metrics import CONTENT_TYPE_LATEST, EnvdMetrics, generate_latest
-from envd.schemas import ContainerReq, CreateReq, DiffReq, EvaluateReq, ExecReq
+from envd.rows import RowError, validate_row
+from envd.schemas import DIFF_TIMEOUT_S, ContainerReq, CreateReq, DiffReq, EvaluateReq, ExecReq
 
 log = get_logger("envd")
 T = TypeVar("T")
-PATCH_PATH = "/tmp/swarl_model.patch"
 EVAL_PATH = "/tmp/swarl_eval.sh"
-DIFF_TIMEOUT_S = 120
 APPLY_TIMEOUT_S = 120
 
 
@@ -63,30 +63,6 @@ class Owned:
     ttl_s: float
     created: float
     last_used: float = field(default_factory=time.time)
-
-
-def _check_patch(patch: str) -> str | None:
-    """None when `patch` looks like a git diff, else why not (the seed's rule)."""
-    try:
-        from envd.swe_eval import check_patch
-    except ImportError:
-        check_patch = None
-    if check_patch is not None:
-        return check_patch(patch)
-    if not patch.strip():
-        return "empty patch"
-    if "diff --git" not in patch or "--- " not in patch or "+++ " not in patch:
-        return "not a git diff (needs `diff --git` and ---/+++ headers)"
-    return None
-
-
-def _apply_commands() -> list[str]:
-    """The harness's ways to apply a model patch, strict first."""
-    try:
-        from envd.swe_eval import APPLY_PATCH_COMMANDS
-    except ImportError:
-        return ["git apply --verbose", "patch --batch --fuzz=5 -p1 -i"]
-    return list(APPLY_PATCH_COMMANDS)
 
 
 class Envd:
@@ -108,7 +84,7 @@ class Envd:
     async def start(self) -> None:
         self.backend = DockerBackend(self.ecfg, self.node_id, self.docker_url)
         if self.redis is not None and self.redis.url and self.ecfg.leases_in_redis:
-            self.leases = RedisLeases(connect_redis(self.redis.url, self.redis), self.keys, self.node_id)
+            self.leases = RedisLeases(connect(self.redis.url, self.redis), self.keys, self.node_id)
         await self.reclaim()
         self._reaper = asyncio.create_task(self._reap_loop(), name="envd-reaper")
         log.info("envd_started", node_id=self.node_id, docker=self.docker_url,
@@ -241,7 +217,7 @@ class Envd:
         if req.instance is None and req.eval_script is None:
             raise ApiError(422, "field 'eval_script': required when 'instance' is not given")
         timeout = min(req.timeout, self.ecfg.eval_timeout_s)
-        reason = _check_patch(req.patch)
+        reason = swe_eval.check_patch(req.patch)
         base: dict[str, Any] = {"ok": True, "resolved": False, "returncode": None, "output": "",
                                 "error": "", "timed_out": False, "tests_status": {},
                                 "fail_to_pass": {}, "pass_to_pass": {},
@@ -265,24 +241,22 @@ class Envd:
 
     def _instance_script(self, req: EvaluateReq) -> tuple[dict[str, Any], str]:
         try:
-            from envd import swe_eval
-        except ImportError:
-            raise ApiError(501, "SWE-bench grading is not available (envd.swe_eval missing)") from None
-        try:
-            instance = swe_eval.normalize_instance(dict(req.instance or {}))
+            instance = validate_row(req.instance)
             script = req.eval_script or swe_eval.eval_script_for(instance)
+        except RowError as e:
+            raise ApiError(422, f"field 'instance{'.' + e.field if e.field else ''}': {e.msg}") from None
         except ValueError as e:
             raise ApiError(422, f"field 'instance': {e}") from None
         return instance, script
 
     async def _run_eval(self, c: Owned, patch: str, script: str, cwd: str, timeout_s: float,
                         reset: bool) -> dict[str, Any]:
-        """Apply `patch` in c (after a reset, in the seed's mode) and run `script`."""
+        """Apply `patch` in c (after a reset, in script mode) and run `script`."""
         assert self.backend
-        await self.run(self.backend.put_file, c.id, PATCH_PATH, patch.encode())
+        await self.run(self.backend.put_file, c.id, swe_eval.PATCH_PATH, patch.encode())
         await self.run(self.backend.put_file, c.id, EVAL_PATH, script.encode(), 0o755)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
-        attempts = " || ".join(f"{cmd} {PATCH_PATH}" for cmd in _apply_commands())
+        attempts = " || ".join(f"{cmd} {swe_eval.PATCH_PATH}" for cmd in swe_eval.APPLY_PATCH_COMMANDS)
         apply = await self.exec(c, f"{prefix}({attempts})", cwd, {}, APPLY_TIMEOUT_S)
         if apply.returncode != 0:
             return {"resolved": False, "returncode": apply.returncode, "output": self._tail(apply.output),
@@ -299,8 +273,6 @@ class Envd:
     async def _grade_fresh(self, agent: Owned, req: EvaluateReq, instance: dict[str, Any],
                            script: str, timeout_s: float) -> dict[str, Any]:
         """Grade in a fresh container from the agent's image (its tests may be tampered with)."""
-        from envd import swe_eval
-
         assert self.backend
         image = await self.run(self.backend.image_of, agent.id)
         created = await self.create(CreateReq(image=image, lease=f"eval-{agent.lease}",
@@ -312,13 +284,11 @@ class Envd:
             if result.get("returncode") is None or (result.get("error", "").startswith("patch does not apply")):
                 return result
             report = await anyio.to_thread.run_sync(swe_eval.grade, instance, full_log)
-            rep = report.model_dump() if hasattr(report, "model_dump") else dict(report)
-            result.update(resolved=bool(rep.get("resolved")) and not result["timed_out"],
-                          tests_status=rep.get("tests_status", {}),
-                          fail_to_pass=rep.get("fail_to_pass", {}),
-                          pass_to_pass=rep.get("pass_to_pass", {}))
-            if rep.get("error"):
-                result["error"] = result.get("error") or rep["error"]
+            result.update(resolved=report.resolved and not result["timed_out"],
+                          tests_status=report.tests_status, fail_to_pass=report.fail_to_pass,
+                          pass_to_pass=report.pass_to_pass)
+            if report.error:
+                result["error"] = result.get("error") or report.error
             return result
         finally:
             await self._destroy(fresh.id, "eval_done")

@@ -3,7 +3,7 @@
 Commands run as `timeout -s KILL N bash -lc CMD` inside the container, so a timeout kills the
 command where it runs (GNU timeout signals its whole process group); every exec also carries
 SWARL_EXEC_ID in its environment, and after a timeout the process tree is swept by that marker
-(catching children that left the group with setsid) — the seed only killed its docker CLI.
+(catching children that left the group with setsid).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.logs import get_logger
+from envd.tasks import load_tasks, task_files
+from envd.tasks.gitrepo import GIT_ENV
+from envd.tasks.specs import REPO_PREFIX, task_image_name
 
 if TYPE_CHECKING:  # docker is heavy to import; commands import it when they run
     import docker
@@ -35,7 +38,6 @@ BASE_IMAGE = "swarl/base:bookworm"
 BASE_SUITE = "bookworm"
 BASE_PACKAGES = ["git", "python3", "python3-pytest", "patch", "procps", "coreutils", "ca-certificates"]
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-TASK_IMAGE_PREFIX = "swarl/task."
 # Bump when the way an image is built changes, so cached images get rebuilt.
 RECIPE_VERSION = "1"
 LABEL_TASK = "swarl.task"
@@ -63,7 +65,7 @@ def image_for(instance: dict[str, Any], data_source: str | None = None) -> str:
     if not iid or not isinstance(iid, str):
         raise ValueError("instance_id: required to name the image")
     repo = str(instance.get("repo") or "")
-    if repo.startswith("swarl-tasks/"):
+    if repo.startswith(f"{REPO_PREFIX}/"):
         return task_image_name(iid)
     source = (data_source or instance.get("data_source") or "").lower()
     if "gym" in source:
@@ -75,14 +77,6 @@ def image_for(instance: dict[str, Any], data_source: str | None = None) -> str:
     if gym:
         return f"docker.io/xingyaoww/sweb.eval.x86_64.{iid.replace('__', '_s_')}:latest".lower()
     return f"docker.io/swebench/sweb.eval.x86_64.{iid.replace('__', '_1776_')}:latest".lower()
-
-
-def task_image_name(instance_id: str) -> str:
-    """`swarl-tasks__pricing-2` → `swarl/task.pricing-2:latest`."""
-    short = instance_id.split("__", 1)[-1].lower()
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", short):
-        raise ValueError(f"instance_id: {instance_id!r} does not make a valid image name")
-    return f"{TASK_IMAGE_PREFIX}{short}:latest"
 
 
 # --- base image -------------------------------------------------------------------------------
@@ -217,9 +211,6 @@ def _exec(container: Any, cmd: str, env: dict[str, str] | None = None) -> str:
 
 def build_task_image(client: docker.DockerClient, task: dict[str, Any], force: bool = False) -> tuple[str, bool]:
     """Build one task's image; returns (image, built) — built is False when the cache hit."""
-    from envd.tasks import task_files
-    from envd.tasks.gitrepo import GIT_ENV
-
     image = image_for(task)
     files = task_files(task["instance_id"])
     base_id = client.images.get(BASE_IMAGE).id
@@ -262,8 +253,6 @@ def build_task_images(
     on_image: Callable[[str, bool], None] | None = None,
 ) -> list[str]:
     """Build (or find cached) the images of `tasks` (default: the whole bundled suite)."""
-    from envd.tasks import load_tasks
-
     ensure_base_image(client)
     tasks = load_tasks("all") if tasks is None else tasks
     images: list[str] = []

@@ -7,8 +7,9 @@ this node is an orphan at start-up and is destroyed.
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
+
+import redis.asyncio as aioredis
 
 from broker.keys import Keys
 
@@ -53,7 +54,7 @@ class MemoryLeases:
 
 
 class RedisLeases:
-    def __init__(self, redis, keys: Keys, node_id: str) -> None:  # redis.asyncio.Redis
+    def __init__(self, redis: aioredis.Redis, keys: Keys, node_id: str) -> None:
         self.redis = redis
         self.key = keys.envd_leases(node_id)
 
@@ -84,13 +85,3 @@ class RedisLeases:
 
 def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
-
-
-def connect_redis(url: str, cfg=None):  # (str, RedisConfig | None) -> redis.asyncio.Redis
-    from broker.connection import connect
-
-    return connect(url, cfg)
-
-
-def now() -> float:
-    return time.time()

@@ -1,10 +1,18 @@
-"""`swarl pool serve`: leases containers on envd nodes (seed-compatible endpoints).
+"""`swarl pool serve`: leases containers on envd nodes.
 
-All state lives in Redis (Keys.pool_nodes, pool_leases, pool_lease), so the pool can restart
-or run as several processes without losing or leaking a container. Capacity is reserved by
-one Lua script (caps overall and per node, least-loaded healthy active node), so two pools
-never exceed the caps together. An expired lease is claimed by whichever process removes it
-from the sorted set first (ZREM is the claim), which then destroys its container.
+All state lives in Redis (Keys.pool_nodes, pool_leases, pool_lease, pool_load), so the pool can
+restart or run as several processes without losing or leaking a container. Capacity is
+reserved by one Lua script: it checks the overall cap (the lease count) and the per-node cap
+(pool_load, each node's lease count, which the reserve and release scripts keep in step with
+the leases) and picks the least-loaded healthy active node, so two pools never exceed the caps
+together. Every key a script touches comes in KEYS (one hash slot: the run id is a hash tag).
+An expired lease is claimed by whichever process removes it from the sorted set first (ZREM is
+the claim), which then destroys its container.
+
+Every call to a node goes through the node side of envd's client (EnvdClient.node). Its errors
+become the pool's answers: a node's 404 (container gone) closes the lease and answers 404; any
+other 4xx is passed on with its status; a 5xx keeps its status; no answer at all is a 502 (and,
+when creating, marks the node unhealthy).
 
 A crash between reserving a lease and recording its container leaves at most a container
 envd itself destroys when its own lease (2 x pool TTL, renewed by the pool) runs out.
@@ -17,35 +25,39 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
-import httpx
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.responses import Response
 
 from broker.config import RedisConfig
-from broker.keys import Keys
+from broker.connection import connect, reply
+from broker.keys import POOL_CONTAINER_TTL_FACTOR, Keys
 from common.logs import get_logger
 from envd import httputil
+from envd.client import DiffFailed, EnvdClient, EnvError, EnvRequestError, LeaseLost
 from envd.config import EnvdConfig, PoolConfig
 from envd.httputil import ApiError
-from envd.leases import connect_redis
 from envd.metrics import CONTENT_TYPE_LATEST, PoolMetrics, generate_latest
-from envd.schemas import AllocateReq, LeaseReq, NodeReq, PoolDiffReq, PoolEvaluateReq, PoolExecReq
+from envd.schemas import (
+    DIFF_TIMEOUT_S,
+    AllocateReq,
+    LeaseReq,
+    NodeReq,
+    PoolDiffReq,
+    PoolEvaluateReq,
+    PoolExecReq,
+)
 
 log = get_logger("pool")
 
-# KEYS: nodes hash, leases zset.  ARGV: lease_id, now, expiry, max_total, max_per_node,
-# stale_s, lease key prefix, image, instance_id, owner.
+# KEYS: nodes hash, leases zset, load hash, the new lease's hash.
+# ARGV: lease_id, now, expiry, max_total, max_per_node, stale_s, image, instance_id, owner.
 _RESERVE = """
-local total = redis.call('ZCARD', KEYS[2])
-if total >= tonumber(ARGV[4]) then return {'full', 'all ' .. ARGV[4] .. ' leases in use'} end
-local load = {}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local n = redis.call('HGET', ARGV[7] .. id, 'node_url')
-  if n then load[n] = (load[n] or 0) + 1 end
-end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return {'full', 'all ' .. ARGV[4] .. ' leases in use'} end
 local now, stale, cap = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV[5])
 local nodes = redis.call('HGETALL', KEYS[1])
 local best, best_load, eligible = nil, nil, 0
@@ -53,7 +65,7 @@ for i = 1, #nodes, 2 do
   local info = cjson.decode(nodes[i + 1])
   if info.state == 'active' and info.healthy == true and now - (info.checked or 0) <= stale then
     eligible = eligible + 1
-    local l = load[nodes[i]] or 0
+    local l = tonumber(redis.call('HGET', KEYS[3], nodes[i]) or '0')
     if l < cap and (best == nil or l < best_load) then best, best_load = nodes[i], l end
   end
 end
@@ -61,17 +73,21 @@ if best == nil then
   if eligible == 0 then return {'no_nodes', 'no healthy active node'} end
   return {'full', 'every healthy node has ' .. ARGV[5] .. ' leases'}
 end
-redis.call('HSET', ARGV[7] .. ARGV[1], 'node_url', best, 'state', 'creating', 'container_id', '',
-           'image', ARGV[8], 'instance_id', ARGV[9], 'owner', ARGV[10], 'created', ARGV[2])
+redis.call('HSET', KEYS[4], 'node_url', best, 'state', 'creating', 'container_id', '',
+           'image', ARGV[7], 'instance_id', ARGV[8], 'owner', ARGV[9], 'created', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('HINCRBY', KEYS[3], best, 1)
 return {'ok', best}
 """
 
-# KEYS: leases zset, lease hash.  Whoever removes the lease from the set owns its cleanup.
+# KEYS: leases zset, lease hash, load hash.  ARGV: lease_id.
+# Whoever removes the lease from the set owns its cleanup.
 _RELEASE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return nil end
+local node = redis.call('HGET', KEYS[2], 'node_url')
 local h = redis.call('HGETALL', KEYS[2])
 redis.call('DEL', KEYS[2])
+if node and redis.call('HINCRBY', KEYS[3], node, -1) <= 0 then redis.call('HDEL', KEYS[3], node) end
 return h
 """
 
@@ -100,6 +116,14 @@ redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(info))
 return 1
 """
 
+# KEYS: nodes hash, load hash.  ARGV: url.  A draining node leaves once no lease is on it.
+_FORGET_DRAINED = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v or cjson.decode(v).state ~= 'draining' then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') > 0 then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+"""
 
 # KEYS: leases zset, lease hash.  ARGV: lease_id, container_id.
 _ACTIVATE = """
@@ -116,7 +140,7 @@ def _s(v: bytes | str) -> str:
 class PoolState:
     """The pool's Redis state; every change is one command or one Lua script."""
 
-    def __init__(self, redis, keys: Keys, pcfg: PoolConfig) -> None:  # redis.asyncio.Redis
+    def __init__(self, redis: aioredis.Redis, keys: Keys, pcfg: PoolConfig) -> None:
         self.redis = redis
         self.keys = keys
         self.pcfg = pcfg
@@ -124,21 +148,21 @@ class PoolState:
         self._release = redis.register_script(_RELEASE)
         self._health = redis.register_script(_HEALTH)
         self._set_state = redis.register_script(_SET_STATE)
+        self._forget_drained = redis.register_script(_FORGET_DRAINED)
         self._activate = redis.register_script(_ACTIVATE)
-        self.lease_prefix = keys.pool_lease("")
 
     @classmethod
     async def open(cls, pcfg: PoolConfig, redis: RedisConfig, keys: Keys) -> PoolState:
         """`redis.url` must be set."""
         assert redis.url, "the pool needs a Redis URL"
-        return cls(connect_redis(redis.url, redis), keys, pcfg)
+        return cls(connect(redis.url, redis), keys, pcfg)
 
     async def close(self) -> None:
         await self.redis.aclose()
 
     # -- nodes ---------------------------------------------------------------------
     async def add_node(self, url: str, only_if_absent: bool = False) -> None:
-        if only_if_absent and await self.redis.hexists(self.keys.pool_nodes, url):
+        if only_if_absent and await reply(self.redis.hexists(self.keys.pool_nodes, url)):
             return
         await self._set_state(keys=[self.keys.pool_nodes], args=[url, "active", time.time(), 1])
 
@@ -146,24 +170,30 @@ class PoolState:
         return bool(await self._set_state(keys=[self.keys.pool_nodes], args=[url, "draining", time.time(), 0]))
 
     async def nodes(self) -> dict[str, dict[str, Any]]:
-        raw = await self.redis.hgetall(self.keys.pool_nodes)
+        raw = await reply(self.redis.hgetall(self.keys.pool_nodes))
         return {_s(k): json.loads(v) for k, v in raw.items()}
 
     async def set_health(self, url: str, healthy: bool, error: str = "", running: int = 0) -> None:
         await self._health(keys=[self.keys.pool_nodes],
                            args=[url, 1 if healthy else 0, time.time(), error, running])
 
-    async def forget_node(self, url: str) -> None:
-        await self.redis.hdel(self.keys.pool_nodes, url)
+    async def forget_drained(self, url: str) -> bool:
+        """Drop a draining node that has no lease left; False when it is not (yet) such a node."""
+        return bool(await self._forget_drained(keys=[self.keys.pool_nodes, self.keys.pool_load], args=[url]))
+
+    async def load(self) -> dict[str, int]:
+        """node url -> leases on it (nodes without any are absent)."""
+        raw = await reply(self.redis.hgetall(self.keys.pool_load))
+        return {_s(k): int(v) for k, v in raw.items()}
 
     # -- leases --------------------------------------------------------------------
     async def reserve(self, lease_id: str, image: str, instance_id: str, owner: str) -> tuple[str, str]:
         now = time.time()
         status, detail = await self._reserve(
-            keys=[self.keys.pool_nodes, self.keys.pool_leases],
+            keys=[self.keys.pool_nodes, self.keys.pool_leases, self.keys.pool_load,
+                  self.keys.pool_lease(lease_id)],
             args=[lease_id, now, now + self.pcfg.lease_ttl_s, self.pcfg.max_concurrent,
-                  self.pcfg.max_per_node, self.pcfg.health_stale_s, self.lease_prefix,
-                  image, instance_id, owner])
+                  self.pcfg.max_per_node, self.pcfg.health_stale_s, image, instance_id, owner])
         return _s(status), _s(detail)
 
     async def activate(self, lease_id: str, container_id: str) -> bool:
@@ -188,8 +218,8 @@ class PoolState:
 
     async def release(self, lease_id: str) -> dict[str, str] | None:
         """Remove a lease; its fields when this call removed it, None when it was gone."""
-        flat = await self._release(keys=[self.keys.pool_leases, self.keys.pool_lease(lease_id)],
-                                   args=[lease_id])
+        flat = await self._release(keys=[self.keys.pool_leases, self.keys.pool_lease(lease_id),
+                                         self.keys.pool_load], args=[lease_id])
         if flat is None:
             return None
         return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -197,13 +227,11 @@ class PoolState:
     async def expired(self) -> list[str]:
         return [_s(m) for m in await self.redis.zrangebyscore(self.keys.pool_leases, "-inf", time.time())]
 
-    async def leases(self) -> dict[str, dict[str, str]]:
-        ids = [_s(m) for m in await self.redis.zrange(self.keys.pool_leases, 0, -1)]
-        pipe = self.redis.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(self.keys.pool_lease(i))
-        rows = await pipe.execute() if ids else []
-        return {i: {_s(k): _s(v) for k, v in h.items()} for i, h in zip(ids, rows, strict=True)}
+    async def lease_ids(self) -> list[str]:
+        return [_s(m) for m in await self.redis.zrange(self.keys.pool_leases, 0, -1)]
+
+    async def count(self) -> int:
+        return int(await self.redis.zcard(self.keys.pool_leases))
 
 
 class Pool:
@@ -214,16 +242,11 @@ class Pool:
         self.node_token = node_token
         self.metrics = PoolMetrics()
         self.state: PoolState | None = None
-        self.http: httpx.AsyncClient | None = None
+        self._nodes: dict[str, EnvdClient] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self.state = await PoolState.open(self.pcfg, self.redis, self.keys)
-        headers = {"Authorization": f"Bearer {self.node_token}"} if self.node_token else {}
-        limits = httpx.Limits(max_connections=self.pcfg.max_concurrent * 2,
-                              max_keepalive_connections=self.pcfg.max_concurrent)
-        self.http = httpx.AsyncClient(headers=headers, limits=limits,
-                                      timeout=httpx.Timeout(self.pcfg.node_timeout_s, connect=5))
         for url in self.pcfg.exec_urls:
             await self.state.add_node(url.rstrip("/"), only_if_absent=True)
         await self.check_health()
@@ -237,42 +260,50 @@ class Pool:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if self.http:
-            await self.http.aclose()
+        for client in self._nodes.values():
+            await client.aclose()
+        self._nodes.clear()
         if self.state:
             await self.state.close()
 
-    async def _loop(self, fn, interval: float) -> None:  # type: ignore[no-untyped-def]
+    def node(self, url: str) -> EnvdClient:
+        """The client of one node (made on first use: other pool processes may add nodes)."""
+        client = self._nodes.get(url)
+        if client is None:
+            client = self._nodes[url] = EnvdClient.node(
+                url, self.node_token, timeout_s=self.pcfg.node_timeout_s,
+                max_connections=2 * self.pcfg.max_per_node + 8)
+        return client
+
+    async def _loop(self, fn: Callable[[], Awaitable[None]], interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
                 await fn()
             except Exception as e:
-                log.error("pool_loop_failed", task=fn.__name__, error=repr(e))
+                log.error("pool_loop_failed", task=getattr(fn, "__name__", str(fn)), error=repr(e))
 
     # -- background ----------------------------------------------------------------
     async def check_health(self) -> None:
-        assert self.state and self.http
-        nodes = await self.state.nodes()
-        leases = await self.state.leases()
+        state = self.state
+        assert state
 
         async def one(url: str, info: dict[str, Any]) -> None:
-            assert self.state and self.http
-            if info.get("state") == "draining" and not any(v.get("node_url") == url for v in leases.values()):
-                await self.state.forget_node(url)  # drained: no lease left on it
+            if info.get("state") == "draining" and await state.forget_drained(url):
+                # Its client stays (idle connections expire; a destroy may still be on its way).
                 log.info("node_removed", url=url)
                 return
             try:
-                r = await self.http.get(f"{url}/healthz", timeout=5)
-                body = r.json()
-                healthy = r.status_code == 200 and bool(body.get("ok"))
-                await self.state.set_health(url, healthy, "" if healthy else str(body.get("error", r.status_code)),
-                                            int(body.get("running_containers", 0)))
-            except (httpx.HTTPError, ValueError) as e:
-                await self.state.set_health(url, False, repr(e))
+                body = await self.node(url).healthz()
+            except (EnvError, EnvRequestError) as e:
+                await state.set_health(url, False, str(e))
+                return
+            healthy = bool(body.get("ok"))
+            await state.set_health(url, healthy, "" if healthy else str(body.get("error", "")),
+                                   int(body.get("running_containers", 0)))
 
-        await asyncio.gather(*(one(u, i) for u, i in nodes.items()))
-        self.metrics.leases.set(len(leases))
+        await asyncio.gather(*(one(u, i) for u, i in (await state.nodes()).items()))
+        self.metrics.leases.set(await state.count())
 
     async def reap(self) -> None:
         assert self.state
@@ -285,22 +316,21 @@ class Pool:
             await self._destroy(fields)
 
     async def _destroy(self, fields: dict[str, str]) -> None:
-        assert self.http
         cid, node = fields.get("container_id"), fields.get("node_url")
         if not cid or not node:
             return
         try:
-            r = await self.http.post(f"{node}/container/destroy", json={"container_id": cid})
-            if r.status_code not in (200, 404):
-                log.warning("destroy_failed", node=node, container_id=cid[:12], status=r.status_code)
-        except httpx.HTTPError as e:
+            await self.node(node).destroy(cid)
+        except LeaseLost:
+            pass  # gone already
+        except (EnvError, EnvRequestError) as e:
             # envd's own lease (2 x pool TTL) still destroys it later.
             self.metrics.node_errors.labels(node).inc()
-            log.warning("destroy_failed", node=node, container_id=cid[:12], error=repr(e))
+            log.warning("destroy_failed", node=node, container_id=cid[:12], error=str(e))
 
     # -- requests ------------------------------------------------------------------
     async def allocate(self, req: AllocateReq) -> dict[str, Any]:
-        assert self.state and self.http
+        assert self.state
         wait_s = self.pcfg.allocate_wait_s if req.wait_s is None else min(req.wait_s, self.pcfg.allocate_wait_s)
         t0 = time.monotonic()
         deadline = t0 + wait_s
@@ -312,38 +342,32 @@ class Pool:
             if status == "ok":
                 node = detail
                 try:
-                    r = await self.http.post(
-                        f"{node}/container/create",
-                        json={"image": req.image, "lease": lease_id, "ttl_s": 2 * self.pcfg.lease_ttl_s,
-                              "labels": {"swarl.pool_owner": req.owner or "",
-                                         "swarl.instance": req.instance_id[:200]}},
-                        timeout=self.ecfg.create_timeout_s + 10)
-                except httpx.HTTPError as e:
+                    cid = await self.node(node).create(
+                        req.image, ttl_s=POOL_CONTAINER_TTL_FACTOR * self.pcfg.lease_ttl_s, lease=lease_id,
+                        labels={"swarl.pool_owner": req.owner or "", "swarl.instance": req.instance_id[:200]},
+                        http_timeout_s=self.ecfg.create_timeout_s + 10)
+                except EnvRequestError as e:  # the request's fault (e.g. unknown image)
                     await self.state.release(lease_id)
-                    await self.state.set_health(node, False, repr(e))
+                    self.metrics.allocations.labels("rejected").inc()
+                    raise ApiError(e.status, str(e), node_url=node) from None
+                except EnvError as e:
+                    await self.state.release(lease_id)
                     self.metrics.node_errors.labels(node).inc()
-                    last = f"node {node} failed: {e!r}"
+                    if e.status is None:  # no answer: take the node out until it answers again
+                        await self.state.set_health(node, False, str(e))
+                    last = f"node {node} failed: {e}"
                 else:
-                    body = _json(r)
-                    if r.status_code == 200 and body.get("ok"):
-                        if not await self.state.activate(lease_id, body["container_id"]):
-                            # reaped while the node was creating (slower than the TTL)
-                            await self._destroy({"container_id": body["container_id"], "node_url": node})
-                            raise ApiError(504, f"lease {lease_id} expired while its container "
-                                                f"was created on {node}")
-                        expiry = await self.state.renew(lease_id)
-                        self.metrics.allocations.labels("ok").inc()
-                        self.metrics.allocate_wait.observe(time.monotonic() - t0)
-                        log.info("allocated", lease_id=lease_id, node=node, image=req.image)
-                        return {"ok": True, "lease_id": lease_id, "container_id": body["container_id"],
-                                "node_url": node, "expires": expiry}
-                    await self.state.release(lease_id)
-                    if 400 <= r.status_code < 500:  # the request's fault (e.g. unknown image)
-                        self.metrics.allocations.labels("rejected").inc()
-                        raise ApiError(r.status_code, body.get("error", f"node answered {r.status_code}"),
-                                       node_url=node)
-                    self.metrics.node_errors.labels(node).inc()
-                    last = f"node {node} answered {r.status_code}: {body.get('error', '')}"
+                    if not await self.state.activate(lease_id, cid):
+                        # reaped while the node was creating (slower than the TTL)
+                        await self._destroy({"container_id": cid, "node_url": node})
+                        raise ApiError(504, f"lease {lease_id} expired while its container "
+                                            f"was created on {node}")
+                    expiry = await self.state.renew(lease_id)
+                    self.metrics.allocations.labels("ok").inc()
+                    self.metrics.allocate_wait.observe(time.monotonic() - t0)
+                    log.info("allocated", lease_id=lease_id, node=node, image=req.image)
+                    return {"ok": True, "lease_id": lease_id, "container_id": cid,
+                            "node_url": node, "expires": expiry}
             else:
                 last = detail
             if time.monotonic() >= deadline:
@@ -360,24 +384,23 @@ class Pool:
         await self.state.renew(lease_id)
         return fields
 
-    async def forward(self, lease_id: str, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Call the lease's node; a node 404 (container gone) closes the lease."""
-        assert self.state and self.http
+    @contextlib.asynccontextmanager
+    async def on_node(self, lease_id: str, op: str) -> AsyncIterator[tuple[EnvdClient, str]]:
+        """(the lease's node, its container id) for one call; the node's errors become the
+        pool's answers (a node 404 closes the lease)."""
+        assert self.state
         fields = await self.lease_or_404(lease_id)
         node = fields["node_url"]
         try:
-            r = await self.http.post(f"{node}{path}", json={**body, "container_id": fields["container_id"]},
-                                     timeout=timeout_s)
-        except httpx.HTTPError as e:
-            self.metrics.node_errors.labels(node).inc()
-            raise ApiError(502, f"node {node} failed on {path}: {e!r}", lease_id=lease_id) from None
-        out = _json(r)
-        if r.status_code == 404:
+            yield self.node(node), fields["container_id"]
+        except LeaseLost as e:
             await self.state.release(lease_id)
-            raise ApiError(404, f"lease {lease_id} lost: {out.get('error', 'container gone')}", lease_id=lease_id)
-        if r.status_code >= 400:
-            raise ApiError(r.status_code, out.get("error", f"node answered {r.status_code}"), lease_id=lease_id)
-        return out
+            raise ApiError(404, f"lease {lease_id} lost: {e}", lease_id=lease_id) from None
+        except EnvRequestError as e:
+            raise ApiError(e.status, str(e), lease_id=lease_id) from None
+        except EnvError as e:
+            self.metrics.node_errors.labels(node).inc()
+            raise ApiError(e.status or 502, f"node {node} failed on {op}: {e}", lease_id=lease_id) from None
 
     async def close_lease(self, lease_id: str) -> dict[str, Any]:
         assert self.state
@@ -391,20 +414,13 @@ class Pool:
     async def status(self) -> dict[str, Any]:
         assert self.state
         nodes = await self.state.nodes()
-        leases = await self.state.leases()
+        load = await self.state.load()
+        lease_ids = await self.state.lease_ids()
         for url, info in nodes.items():
-            info["leases"] = sum(1 for v in leases.values() if v.get("node_url") == url)
-        return {"ok": True, "leases": len(leases), "active_leases": len(leases),
+            info["leases"] = load.get(url, 0)
+        return {"ok": True, "leases": len(lease_ids), "active_leases": len(lease_ids),
                 "max_concurrent": self.pcfg.max_concurrent, "max_per_node": self.pcfg.max_per_node,
-                "nodes": nodes, "lease_ids": sorted(leases)}
-
-
-def _json(r: httpx.Response) -> dict[str, Any]:
-    try:
-        out = r.json()
-        return out if isinstance(out, dict) else {"error": str(out)}
-    except ValueError:
-        return {"error": r.text[:500]}
+                "nodes": nodes, "lease_ids": sorted(lease_ids)}
 
 
 def create_app(cfg: PoolConfig, envd_cfg: EnvdConfig, redis: RedisConfig, keys: Keys,
@@ -442,24 +458,34 @@ def create_app(cfg: PoolConfig, envd_cfg: EnvdConfig, redis: RedisConfig, keys: 
 
     @app.post("/heartbeat")
     async def heartbeat(req: LeaseReq) -> dict[str, Any]:
-        await pool.forward(req.lease_id, "/container/heartbeat", {}, cfg.node_timeout_s)
+        async with pool.on_node(req.lease_id, "heartbeat") as (node, cid):
+            await node.heartbeat(cid)
         assert pool.state
         return {"ok": True, "expires": await pool.state.renew(req.lease_id)}
 
     @app.post("/exec")
     async def exec_(req: PoolExecReq) -> dict[str, Any]:
-        body = req.model_dump(include={"command", "cwd", "timeout", "env"})
-        return await pool.forward(req.lease_id, "/container/exec", body, req.timeout + grace)
+        async with pool.on_node(req.lease_id, "exec") as (node, cid):
+            out = await node.exec(cid, req.command, req.cwd, req.timeout, req.env,
+                                  http_timeout_s=req.timeout + grace)
+        return {"ok": True, **asdict(out)}
 
     @app.post("/diff")
     async def diff(req: PoolDiffReq) -> dict[str, Any]:
-        return await pool.forward(req.lease_id, "/container/diff", {"cwd": req.cwd}, 120 + grace)
+        async with pool.on_node(req.lease_id, "diff") as (node, cid):
+            try:
+                patch = await node.diff(cid, req.cwd, http_timeout_s=DIFF_TIMEOUT_S + grace)
+            except DiffFailed as e:  # git's failure is the answer, as envd gives it
+                return {"ok": True, "patch": "", "returncode": e.returncode, "error": e.error}
+        return {"ok": True, "patch": patch, "returncode": 0, "error": ""}
 
     @app.post("/evaluate")
     async def evaluate(req: PoolEvaluateReq) -> dict[str, Any]:
-        body = req.model_dump(include={"patch", "eval_script", "instance", "cwd", "timeout"})
         timeout = min(req.timeout, envd_cfg.eval_timeout_s) + envd_cfg.create_timeout_s + 2 * grace
-        return await pool.forward(req.lease_id, "/container/evaluate", body, timeout)
+        async with pool.on_node(req.lease_id, "evaluate") as (node, cid):
+            out = await node.evaluate(cid, req.patch, req.instance, req.eval_script, req.timeout, req.cwd,
+                                      http_timeout_s=timeout)
+        return {"ok": True, **asdict(out)}
 
     @app.post("/close")
     async def close(req: LeaseReq) -> dict[str, Any]:

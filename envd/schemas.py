@@ -1,5 +1,5 @@
-"""Request bodies of envd and the pool: the seed's fields and defaults, plus swarl's extras
-(additional fields only, never renamed ones)."""
+"""Request bodies of envd and the pool: the fields and defaults of the exec-server API swarl
+serves (docs/envd.md), plus swarl's extras (additional fields only, never renamed ones)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+DIFF_TIMEOUT_S = 120  # envd bounds `git diff` (the /container/diff call) by this many seconds
+
 
 class _Req(BaseModel):
-    # Seed clients may send fields we do not use; ignore them rather than fail.
+    # Clients may send fields swarl does not use; ignore them rather than fail.
     model_config = ConfigDict(extra="ignore")
 
 

@@ -1,4 +1,7 @@
-"""SWE-bench evaluation: validate a row, produce its eval script, grade a test log.
+"""SWE-bench evaluation: a row's eval script, patch checks, grading a test log.
+
+The functions take a row as `envd.rows.validate_row` accepts it (envd validates the row of an
+evaluate request first).
 
 Grading follows the official harness (PyPI `swebench` 4.1.x): the test output between the
 `>>>>> Start Test Output` / `>>>>> End Test Output` lines is parsed by the repo's log parser
@@ -10,12 +13,13 @@ lazily: it pulls in docker, datasets, modal and more.
 
 from __future__ import annotations
 
-import json
 import re
 from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from envd.rows import listed_tests
 
 # The harness's framing and failure lines (swebench.harness.constants; copied so that
 # building a script or checking a patch does not import swebench).
@@ -32,10 +36,6 @@ APPLY_PATCH_COMMANDS = [
     "patch --batch --fuzz=5 -p1 -i",
 ]
 
-REQUIRED = ("instance_id", "repo", "FAIL_TO_PASS", "PASS_TO_PASS")
-# Needed to build the harness script when the row brings no eval_script of its own.
-REQUIRED_FOR_SCRIPT = ("base_commit", "test_patch", "version")
-
 
 class EvalReport(BaseModel):
     resolved: bool = Field(False, description="Every FAIL_TO_PASS and PASS_TO_PASS test passed.")
@@ -48,50 +48,11 @@ class EvalReport(BaseModel):
     error: str = Field("", description="Why grading could not run (patch failed, no test output markers, ...).")
 
 
-def _test_list(row: dict[str, Any], key: str) -> list[str]:
-    value = row[key]
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{key}: not a JSON list of test ids ({e.msg})") from None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
-        raise ValueError(f"{key}: must be a list of test id strings (or its JSON encoding)")
-    return list(value)
-
-
-def normalize_instance(row: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a SWE-bench / SWE-Gym row with FAIL_TO_PASS / PASS_TO_PASS as lists and
-    version as a string; ValueError naming the first missing or malformed field."""
-    if not isinstance(row, dict):
-        raise ValueError("instance: must be an object (a SWE-bench / SWE-Gym row)")
-    for key in REQUIRED:
-        if key not in row or row[key] is None:
-            raise ValueError(f"{key}: required field missing from the instance")
-    for key in ("instance_id", "repo"):
-        if not isinstance(row[key], str) or not row[key].strip():
-            raise ValueError(f"{key}: must be a non-empty string")
-    out = dict(row)
-    out["FAIL_TO_PASS"] = _test_list(row, "FAIL_TO_PASS")
-    out["PASS_TO_PASS"] = _test_list(row, "PASS_TO_PASS")
-    if out.get("version") is not None:
-        out["version"] = str(out["version"])
-    script = out.get("eval_script")
-    if script is not None and (not isinstance(script, str) or not script.strip()):
-        raise ValueError("eval_script: must be a non-empty string when present")
-    if not script:
-        for key in REQUIRED_FOR_SCRIPT:
-            if not out.get(key):
-                raise ValueError(f"{key}: required to build the eval script (the row has no eval_script)")
-    return out
-
-
-def eval_script_for(instance: dict[str, Any]) -> str:
+def eval_script_for(inst: dict[str, Any]) -> str:
     """The row's own eval_script, else the official harness's: exactly what swebench 4.1's
     `make_test_spec(instance).eval_script` gives, built from the same make_eval_script_list
     call but without make_test_spec's environment script, which downloads requirement files
     for some repos (django, flask, matplotlib, pylint, xarray) and so fails offline."""
-    inst = normalize_instance(instance)
     if inst.get("eval_script"):
         return str(inst["eval_script"])
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
@@ -152,7 +113,7 @@ def _parser_for(inst: dict[str, Any]):
     raise ValueError(f"repo: no log parser known for {inst['repo']!r}; set the row's log_parser")
 
 
-def grade(instance: dict[str, Any], log: str) -> EvalReport:
+def grade(inst: dict[str, Any], log: str) -> EvalReport:
     """Grade the output of the eval script (`log`) against the row, SWE-bench style."""
     from swebench.harness.constants import (
         FAIL_ONLY_REPOS,
@@ -166,16 +127,15 @@ def grade(instance: dict[str, Any], log: str) -> EvalReport:
     )
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
 
-    inst = normalize_instance(instance)
-    f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
-    missing = {"fail_to_pass": dict.fromkeys(f2p, "MISSING"), "pass_to_pass": dict.fromkeys(p2p, "MISSING")}
+    f2p, p2p = listed_tests(inst, "FAIL_TO_PASS"), listed_tests(inst, "PASS_TO_PASS")
+    missing = EvalReport(fail_to_pass=dict.fromkeys(f2p, "MISSING"), pass_to_pass=dict.fromkeys(p2p, "MISSING"))
     parser = _parser_for(inst)
     for bad in (APPLY_PATCH_FAIL, RESET_FAILED, TESTS_ERROR, TESTS_TIMEOUT):
         if bad in log:
-            return EvalReport(error=f"harness reported {bad.strip('> ')!r}", **missing)
+            return missing.model_copy(update={"error": f"harness reported {bad.strip('> ')!r}"})
     if START_TEST_OUTPUT not in log or END_TEST_OUTPUT not in log:
-        return EvalReport(error="no test output: the log lacks the harness's "
-                                f"{START_TEST_OUTPUT!r} / {END_TEST_OUTPUT!r} lines", **missing)
+        return missing.model_copy(update={"error": "no test output: the log lacks the harness's "
+                                                   f"{START_TEST_OUTPUT!r} / {END_TEST_OUTPUT!r} lines"})
     # Parsers only read instance_id from the spec; a full TestSpec needs a known repo.
     spec = SimpleNamespace(instance_id=inst["instance_id"], repo=inst["repo"], version=inst.get("version"),
                            FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p)

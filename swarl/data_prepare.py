@@ -1,8 +1,8 @@
-"""`swarl data prepare`: SWE-bench / SWE-Gym rows → the seed's JSONL, with exports.
+"""`swarl data prepare`: SWE-bench / SWE-Gym rows → prepared JSONL, with exports.
 
 Input: a Hugging Face dataset id (loaded with `datasets` when the hub answers), a local
-JSON / JSONL / parquet file (plain SWE rows, or rows already in the seed's format), or
-`swarl-tasks` (the bundled task suite; splits all, train, heldout).
+JSON / JSONL / parquet file (plain SWE rows, or rows already prepared), or `swarl-tasks` (the
+bundled task suite; splits all, train, heldout).
 Output directory:
   <split>.jsonl        {"text": problem_statement, "metadata": {"instance": row, "data_source": ...}}
   eval.jsonl           the same records plus metadata.image, for `swarl eval --data`
@@ -10,13 +10,13 @@ Output directory:
   docker_images.txt    one image a line (deduplicated), for pre-pulling on Docker nodes
   errors.jsonl         rows skipped with --on-error skip (where, instance_id, field, error)
   prepare.json         counts and the arguments of this run
-Every row is validated in `validate_row`; an error names the row (file line or index, and
-instance_id) and the field.
+Every row is checked by `envd.rows.validate_row` (the one SWE row validator: an error names the
+row — file line or index, and instance_id — and the field) and written with its Docker image
+in `image_name`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -26,18 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import get_logger
+from envd.rows import RowError, SourceRow, jsonl_rows, source_row, validate_row
 
 log = get_logger("data")
 
-# Fields a row needs to be run and graded (SWE-Gym lacks environment_setup_commit).
-REQUIRED_FIELDS = ("repo", "instance_id", "base_commit", "patch", "test_patch",
-                   "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
-# Optional fields that, when present and not null, must be strings.
-OPTIONAL_STR_FIELDS = ("hints_text", "created_at", "version", "environment_setup_commit",
-                       "image_name", "eval_script", "difficulty")
-TEST_LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
-
-# Known hub datasets and their usual split (the one the seed prepares).
+# Known hub datasets and their usual split.
 HUB_DATASETS = {
     "SWE-Gym/SWE-Gym": "train",
     "SumanthRH/SWE-Gym-Subset": "train",
@@ -50,31 +43,10 @@ HUB_DATASETS = {
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 BUNDLED = "swarl-tasks"  # the bundled task suite (envd/tasks): splits all, train, heldout
 HUB_PROBE_TIMEOUT_S = 3.0
-_INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_REPO = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
 
 
 class DataError(ValueError):
     """A data problem; the message names the source, the row and the field."""
-
-
-class RowError(DataError):
-    def __init__(self, where: str, instance_id: str | None, fld: str | None, msg: str) -> None:
-        self.where, self.instance_id, self.field, self.msg = where, instance_id, fld, msg
-        iid = f" (instance_id={instance_id})" if instance_id else ""
-        f = f" field {fld!r}:" if fld else ""
-        super().__init__(f"{where}{iid}:{f} {msg}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"where": self.where, "instance_id": self.instance_id, "field": self.field,
-                "error": self.msg}
-
-
-@dataclass
-class SourceRow:
-    where: str                 # "file.jsonl line 3" or "SWE-Gym/SWE-Gym[train] row 17"
-    row: Any
-    data_source: str | None    # from a seed-format record, else None
 
 
 @dataclass
@@ -94,98 +66,6 @@ class PrepareResult:
         return asdict(self)
 
 
-# -- validation ------------------------------------------------------------------------
-
-def parse_test_list(value: Any, fld: str, where: str, iid: str | None) -> list[str]:
-    """FAIL_TO_PASS / PASS_TO_PASS: a JSON-encoded string (SWE-bench) or a list (SWE-Gym)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise RowError(where, iid, fld, f"not a JSON list of test ids: {e.msg}") from None
-    if hasattr(value, "tolist"):  # numpy arrays from parquet
-        value = value.tolist()
-    if not isinstance(value, list | tuple):
-        raise RowError(where, iid, fld, f"expected a list of test ids, got {type(value).__name__}")
-    bad = [t for t in value if not isinstance(t, str) or not t]
-    if bad:
-        raise RowError(where, iid, fld, f"test ids must be non-empty strings, got {bad[0]!r}")
-    return list(value)
-
-
-def validate_row(row: Any, where: str) -> dict[str, Any]:
-    """Check one SWE row; return it with JSON-safe values (original field forms kept).
-
-    Raises RowError naming the row and the field. When envd's own normaliser exists it
-    also gets its say, so data prepare and the evaluator reject the same rows.
-    """
-    if not isinstance(row, dict):
-        raise RowError(where, None, None, f"row must be a JSON object, got {type(row).__name__}")
-    row = {str(k): _jsonable(v) for k, v in row.items()}
-    iid = row.get("instance_id") if isinstance(row.get("instance_id"), str) else None
-    for fld in REQUIRED_FIELDS:
-        if row.get(fld) is None:
-            raise RowError(where, iid, fld, "missing (required SWE-bench field)")
-    for fld in ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement"):
-        if not isinstance(row[fld], str):
-            raise RowError(where, iid, fld, f"must be a string, got {type(row[fld]).__name__}")
-    if not _INSTANCE_ID.match(row["instance_id"]):
-        raise RowError(where, None, "instance_id",
-                       f"{row['instance_id']!r} is not a valid id (letters, digits, _ . -)")
-    if not _REPO.match(row["repo"]):
-        raise RowError(where, iid, "repo", f"{row['repo']!r} is not owner/name")
-    for fld in ("base_commit", "problem_statement", "test_patch"):
-        if not row[fld].strip():
-            raise RowError(where, iid, fld, "must not be empty")
-    for fld in OPTIONAL_STR_FIELDS:
-        if row.get(fld) is not None and not isinstance(row[fld], str):
-            raise RowError(where, iid, fld, f"must be a string, got {type(row[fld]).__name__}")
-    f2p = parse_test_list(row["FAIL_TO_PASS"], "FAIL_TO_PASS", where, iid)
-    parse_test_list(row["PASS_TO_PASS"], "PASS_TO_PASS", where, iid)
-    if not f2p:
-        raise RowError(where, iid, "FAIL_TO_PASS", "empty: nothing would show the issue resolved")
-    normalize = _envd_normalizer()
-    if normalize is not None:
-        try:
-            normalize(dict(row))
-        except (ValueError, KeyError, TypeError) as e:
-            # envd's messages read "<field>: <what is wrong>"
-            fld, _, msg = str(e).partition(": ")
-            if not msg or not fld.isidentifier():
-                fld, msg = "", str(e)
-            raise RowError(where, iid, fld or None, msg) from None
-    return row
-
-
-def _envd_normalizer() -> Any:
-    try:
-        from envd.swe_eval import normalize_instance  # written by envd; optional here
-    except ImportError:
-        return None
-    return normalize_instance
-
-
-def image_for(row: dict[str, Any], data_source: str | None = None) -> str:
-    """The Docker image of a row: envd's naming rule (envd.images owns it; imported lazily
-    because it pulls in the Docker SDK)."""
-    from envd.images import image_for as envd_image_for
-
-    return envd_image_for(row, data_source)
-
-
-def _jsonable(v: Any) -> Any:
-    """Values from parquet/pandas (timestamps, numpy scalars and arrays) → JSON types."""
-    if isinstance(v, dt.datetime | dt.date):
-        return v.isoformat()
-    if hasattr(v, "tolist") and not isinstance(v, str | bytes):
-        return v.tolist()
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    return v
-
-
 # -- sources ---------------------------------------------------------------------------
 
 def is_local(source: str) -> bool:
@@ -200,7 +80,7 @@ def default_split(source: str) -> str:
     return HUB_DATASETS.get(source, "train")
 
 
-def read_source(source: str, split: str) -> Iterator[SourceRow]:
+def read_source(source: str, split: str) -> Iterator[SourceRow | RowError]:
     if source == BUNDLED:
         yield from _read_bundled(split)
     elif is_local(source):
@@ -218,7 +98,7 @@ def _read_bundled(split: str) -> Iterator[SourceRow]:
         yield SourceRow(f"{BUNDLED}[{split}] row {i}", row, None)
 
 
-def _read_local(path: Path) -> Iterator[SourceRow]:
+def _read_local(path: Path) -> Iterator[SourceRow | RowError]:
     if not path.exists():
         raise DataError(f"{path}: no such file")
     name = path.name
@@ -230,41 +110,27 @@ def _read_local(path: Path) -> Iterator[SourceRow]:
         except Exception as e:
             raise DataError(f"{path}: not a readable parquet file: {e}") from None
         for i, row in enumerate(table.to_pylist()):
-            yield _unwrap(f"{name} row {i}", row)
+            yield _source_row(f"{name} row {i}", row)
         return
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if path.suffix == ".json" and stripped.startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{name}: not valid JSON at line {e.lineno}: {e.msg}") from None
-        for i, row in enumerate(rows):
-            yield _unwrap(f"{name} row {i}", row)
-        return
-    # JSON Lines (also a .json file holding one object per line)
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield SourceRow(f"{name} line {lineno}", _Unparsable(f"not valid JSON: {e.msg}"), None)
-            continue
-        yield _unwrap(f"{name} line {lineno}", row)
+    if path.suffix == ".json":
+        text = path.read_text(encoding="utf-8")
+        if text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{name}: not valid JSON at line {e.lineno}: {e.msg}") from None
+            for i, row in enumerate(rows):
+                yield _source_row(f"{name} row {i}", row)
+            return
+    yield from jsonl_rows(path)  # JSON Lines (also a .json file holding one object per line)
 
 
-@dataclass
-class _Unparsable:
-    error: str
-
-
-def _unwrap(where: str, row: Any) -> SourceRow:
-    """Accept the seed's own format as input too (re-filtering a prepared file)."""
-    if isinstance(row, dict) and isinstance(row.get("metadata"), dict) \
-            and isinstance(row["metadata"].get("instance"), dict):
-        return SourceRow(where, row["metadata"]["instance"], row["metadata"].get("data_source"))
-    return SourceRow(where, row, None)
+def _source_row(where: str, record: Any) -> SourceRow | RowError:
+    """A raw row or a prepared record (re-filtering a prepared file)."""
+    try:
+        return source_row(where, record)
+    except RowError as e:
+        return e
 
 
 def hub_endpoint() -> str:
@@ -327,7 +193,7 @@ def repo_matches(repo: str, wanted: Iterable[str]) -> bool:
 
 
 def record(row: dict[str, Any], data_source: str) -> dict[str, Any]:
-    """The seed's training record."""
+    """The prepared training record."""
     return {"text": row["problem_statement"],
             "metadata": {"instance": row, "data_source": data_source}}
 
@@ -360,12 +226,14 @@ def prepare(
             break
         res.rows_read += 1
         try:
-            if isinstance(src.row, _Unparsable):
-                raise RowError(src.where, None, None, src.row.error)
-            row = validate_row(src.row, src.where)
+            if isinstance(src, RowError):
+                raise src
+            ds = data_source or src.data_source or default_ds
+            row = validate_row(src.row, ds, where=src.where)
             iid = row["instance_id"]
             if iid in seen:
-                raise RowError(src.where, iid, "instance_id", f"duplicate of {seen[iid]}")
+                raise RowError(f"duplicate of {seen[iid]}", field="instance_id", where=src.where,
+                               instance_id=iid)
             seen[iid] = src.where
         except RowError as e:
             errors.append(e)
@@ -373,7 +241,7 @@ def prepare(
         if wanted and not repo_matches(row["repo"], wanted):
             res.filtered_out += 1
             continue
-        kept.append((row, data_source or src.data_source or default_ds))
+        kept.append((row, ds))
 
     res.errors = len(errors)
     if errors and on_error == "fail":
@@ -384,9 +252,9 @@ def prepare(
     if not kept:
         raise DataError(f"{source}: no rows left to write (read {res.rows_read}, "
                         f"filtered out {res.filtered_out}, invalid {len(errors)})")
-    for e in errors:
-        log.warning("row_skipped", where=e.where, instance_id=e.instance_id, field=e.field,
-                    error=e.msg)
+    for bad in errors:
+        log.warning("row_skipped", where=bad.where, instance_id=bad.instance_id, field=bad.field,
+                    error=bad.msg)
     _write_outputs(Path(out_dir), split, kept, errors, res)
     return res
 
@@ -398,7 +266,7 @@ def _write_outputs(out: Path, split: str, kept: list[tuple[dict[str, Any], str]]
     train_lines, eval_lines, ids = [], [], []
     for row, ds in kept:
         rec = record(row, ds)
-        image = image_for(row, ds)
+        image = row["image_name"]
         images.setdefault(image, None)
         train_lines.append(json.dumps(rec, ensure_ascii=False))
         ev = {"text": rec["text"], "metadata": {**rec["metadata"], "image": image}}
@@ -413,7 +281,7 @@ def _write_outputs(out: Path, split: str, kept: list[tuple[dict[str, Any], str]]
         "docker_images.txt": list(images),
     }
     if errors:
-        files["errors.jsonl"] = [json.dumps(e.as_dict(), ensure_ascii=False) for e in errors]
+        files["errors.jsonl"] = [json.dumps(bad.as_dict(), ensure_ascii=False) for bad in errors]
     else:
         (out / "errors.jsonl").unlink(missing_ok=True)  # not a previous run's
     for name, lines in files.items():

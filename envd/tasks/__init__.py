@@ -1,5 +1,5 @@
 """The bundled SWE task suite: SWE-bench-format rows (envd/tasks/tasks.jsonl) generated from
-small repositories (envd/tasks/repos/) and bug specs (envd/tasks/specs.py)."""
+small repositories (envd/tasks/repos/<repo>/) and their bug specs (envd/tasks/repos/<repo>.yaml)."""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ def get_task(instance_id: str) -> dict[str, Any]:
 
 def task_files(instance_id: str) -> dict[str, str]:
     """The files of the task's repository at its base commit (with the bug)."""
-    from envd.tasks.generate import REPO_PREFIX, buggy_files
-    from envd.tasks.specs import TASKS
+    from envd.tasks.generate import buggy_files
+    from envd.tasks.specs import load_specs
 
-    for spec in TASKS:
-        if f"{REPO_PREFIX}__{spec.name}" == instance_id:
+    for spec in load_specs():
+        if spec.instance_id == instance_id:
             return buggy_files(spec)[0]
     raise KeyError(f"instance_id: no bundled task {instance_id!r}")
 

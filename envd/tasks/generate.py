@@ -1,4 +1,5 @@
-"""Generate the bundled task rows (envd/tasks/tasks.jsonl) from the repositories and specs.
+"""Generate the bundled task rows (envd/tasks/tasks.jsonl) from the repositories and their
+spec files (envd/tasks/repos/<repo>.yaml).
 
 `python -m envd.tasks.generate` rewrites tasks.jsonl; `--check` exits 1 when it is stale.
 """
@@ -13,26 +14,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from envd.tasks.gitrepo import commit_all, diff_after
-from envd.tasks.specs import FAMILIES, TASKS, TaskSpec
+from envd.tasks.gitrepo import commit_all, diff_after, write_files
+from envd.tasks.specs import REPO_PREFIX, REPOS_DIR, TaskSpec, load_specs, task_image_name
 
-HERE = Path(__file__).resolve().parent
-REPOS = HERE / "repos"
-TASKS_JSONL = HERE / "tasks.jsonl"
-REPO_PREFIX = "swarl-tasks"
+TASKS_JSONL = Path(__file__).resolve().parent / "tasks.jsonl"
 HEREDOC = "EOF_114329324912"
 _SKIP = {"__pycache__", ".pytest_cache"}
 
 
-def instance_id(spec: TaskSpec) -> str:
-    return f"{REPO_PREFIX}__{spec.name}"
-
-
 def repo_files(repo: str) -> dict[str, str]:
     """The correct (bug-free) files of a bundled repository, by relative path."""
-    root = REPOS / repo
+    root = REPOS_DIR / repo
     if not root.is_dir():
-        raise ValueError(f"repo: no bundled repository {repo!r} under {REPOS}")
+        raise ValueError(f"repo: no bundled repository {repo!r} under {REPOS_DIR}")
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not _SKIP.intersection(p.relative_to(root).parts) and p.suffix != ".pyc":
@@ -103,20 +97,14 @@ def eval_script(base_commit: str, test_patch: str, test_files: list[str]) -> str
 
 
 def build_row(spec: TaskSpec) -> dict[str, Any]:
-    from envd.images import task_image_name
-
-    if spec.family not in FAMILIES:
-        raise ValueError(f"{spec.name}: unknown family {spec.family!r}")
     files, lineno = buggy_files(spec)
     fixed_line = files[spec.path].splitlines()[lineno - 1]
     good_line = _swap(fixed_line, spec.bad, spec.good, spec.name)
     fixed = files[spec.path].splitlines(keepends=True)
     fixed[lineno - 1] = good_line + "\n"
-    new_tests = files[spec.test_path] + "\n" + spec.tests.lstrip("\n").join(["\n", ""])
+    new_tests = files[spec.test_path] + "\n\n" + spec.tests.lstrip("\n")
     with tempfile.TemporaryDirectory(prefix="swarl-task-") as tmp:
         root = Path(tmp)
-        from envd.tasks.gitrepo import write_files
-
         write_files(root, files)
         base_commit = commit_all(root)
         patch = diff_after(root, {spec.path: "".join(fixed)})
@@ -127,7 +115,7 @@ def build_row(spec: TaskSpec) -> dict[str, Any]:
             raise ValueError(f"{spec.name}: FAIL_TO_PASS test {t} is not in {spec.test_path}")
     f2p = [f"{spec.test_path}::{t}" for t in spec.fail_to_pass]
     p2p = [f"{spec.test_path}::{t}" for t in all_tests if t not in spec.fail_to_pass]
-    iid = instance_id(spec)
+    iid = spec.instance_id
     return {
         "repo": f"{REPO_PREFIX}/{spec.repo}",
         "instance_id": iid,
@@ -152,7 +140,7 @@ def build_row(spec: TaskSpec) -> dict[str, Any]:
 
 
 def generate() -> list[dict[str, Any]]:
-    rows = [build_row(spec) for spec in TASKS]
+    rows = [build_row(spec) for spec in load_specs()]
     ids = [r["instance_id"] for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError("instance_id: duplicated in specs")
@@ -165,7 +153,11 @@ def dumps(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    text = dumps(generate())
+    try:
+        text = dumps(generate())
+    except ValueError as e:  # a bad spec file (TaskSpecError) or a spec that does not fit its repo
+        print(f"envd.tasks.generate: {e}", file=sys.stderr)
+        return 2
     if "--check" in args:
         current = TASKS_JSONL.read_text() if TASKS_JSONL.exists() else ""
         if current != text:

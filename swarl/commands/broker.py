@@ -11,7 +11,7 @@ from swarl.cliutil import ConfigOpt, SetOpt, load
 
 
 def enqueue(
-    data: Annotated[str, typer.Option("--data", help="JSONL: the seed's prepared format or raw SWE rows.")],
+    data: Annotated[str, typer.Option("--data", help="JSONL: prepared records (swarl data prepare) or raw SWE rows.")],
     n_samples: Annotated[int, typer.Option("--n-samples", help="Samples per instance (GRPO group size).")] = 8,
     epochs: Annotated[int, typer.Option("--epochs", help="Groups per instance (each a new group id).")] = 1,
     skip_bad: Annotated[bool, typer.Option("--skip-bad/--fail-on-bad", help="Skip malformed rows (reported) or stop.")] = True,
@@ -21,7 +21,7 @@ def enqueue(
     """Enqueue one job per (instance, group, sample index); idempotent (deterministic job ids)."""
     from broker.tasks import arq_pool, enqueue_jobs, jobs_for
     from common.services import redis_for_command
-    from envd.dataset import RowError, read_rows
+    from envd.rows import RowError, read_rows
 
     cfg = load(config, sets)
     keys = cfg.keys
@@ -31,7 +31,7 @@ def enqueue(
         pool = await arq_pool(url)
         try:
             added = skipped = rows = 0
-            for row in read_rows(data, skip_bad, errors):
+            for row in read_rows(data, errors=errors if skip_bad else None):
                 rows += 1
                 for epoch in range(epochs):
                     a, s = await enqueue_jobs(pool, keys, jobs_for(keys, row.instance, row.data_source,
@@ -45,13 +45,13 @@ def enqueue(
         with redis_for_command(cfg.redis.url, cfg.run.dir) as url:
             rows, added, skipped = asyncio.run(run(url))
     except RowError as e:
-        typer.echo(f"swarl enqueue: {data}: {e}", err=True)
+        typer.echo(f"swarl enqueue: {e.brief()}", err=True)
         raise typer.Exit(2) from None
     except FileNotFoundError as e:
         typer.echo(f"swarl enqueue: {e}", err=True)
         raise typer.Exit(2) from None
     for bad in errors:
-        typer.echo(f"swarl enqueue: skipped {data}: {bad}", err=True)
+        typer.echo(f"swarl enqueue: skipped {bad.brief()}", err=True)
     typer.echo(f"enqueued {added} jobs ({skipped} already queued or done) from {rows} rows; "
                f"{len(errors)} bad rows skipped; queue {keys.queue}")
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
@@ -47,7 +48,7 @@ def envd_serve(
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
-    """Serve the exec daemon: containers, exec, diff, evaluate, destroy (seed-compatible)."""
+    """Serve the exec daemon: containers, exec, diff, evaluate, destroy."""
     cfg = load(config, sets, extra={"envd.host": host, "envd.port": port, "envd.node_id": node_id})
     token = _token(cfg.envd.token, token_file, no_auth)
 
@@ -104,14 +105,21 @@ def _node_cmd(url: str, action: str, pool_url: str | None, token_file: str | Non
     import asyncio
 
     if cfg.pool.url:
-        import httpx
+        from envd.client import EnvdClient, EnvError, EnvRequestError
 
-        token = _token(cfg.envd.token, token_file, False)
-        r = httpx.post(f"{cfg.pool.url.rstrip('/')}/nodes/{action}", json={"url": url},
-                       headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        typer.echo(r.text)
-        if r.status_code >= 400:
-            raise typer.Exit(1)
+        pool = EnvdClient.pool(cfg.pool.url, _token(cfg.envd.token, token_file, False), timeout_s=30)
+
+        async def call() -> dict[str, Any]:
+            try:
+                return await (pool.add_node(url) if action == "add" else pool.remove_node(url))
+            finally:
+                await pool.aclose()
+
+        try:
+            typer.echo(json.dumps(asyncio.run(call())))
+        except (EnvError, EnvRequestError) as e:
+            typer.echo(f"swarl pool {action}-node: {e}", err=True)
+            raise typer.Exit(1) from None
         return
     if not cfg.redis.url:
         typer.echo("swarl: give --pool-url (or pool.url) or redis.url to reach the pool", err=True)

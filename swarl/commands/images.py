@@ -63,18 +63,17 @@ def name(
     import sys
 
     from envd.images import image_for
+    from envd.rows import source_row
 
     text = sys.stdin.read() if instance_json == "-" else instance_json
     if instance_json != "-" and not instance_json.lstrip().startswith("{") and Path(instance_json).is_file():
         text = Path(instance_json).read_text()
     try:
-        row = json.loads(text)
-        if isinstance(row, dict) and "instance" in row.get("metadata", {}):  # the seed's prepared JSONL
-            row = row["metadata"]["instance"]
-        if not isinstance(row, dict):
+        src = source_row("INSTANCE_JSON", json.loads(text))  # a raw row or a prepared record
+        if not isinstance(src.row, dict):
             raise ValueError("instance: must be a JSON object")
-        typer.echo(image_for(row, data_source=data_source))
-    except (ValueError, json.JSONDecodeError) as e:
+        typer.echo(image_for(src.row, data_source=data_source or src.data_source))
+    except ValueError as e:  # json.JSONDecodeError and RowError are ValueErrors
         typer.echo(f"swarl: {e}", err=True)
         raise typer.Exit(2) from None
 

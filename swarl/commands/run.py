@@ -58,8 +58,7 @@ def eval_(
 ) -> None:
     """Evaluate a policy on SWE instances without training (resumable)."""
     from actors.evaluate import EvalTarget, evaluate
-    from actors.rows import file_row
-    from envd.dataset import RowError, read_rows
+    from envd.rows import RowError, read_rows
 
     cfg = load(config, sets, extra={"actor.step_limit": step_limit, "actor.sampling.max_new_tokens": max_tokens,
                                      "actor.sampling.temperature": temperature, "pool.url": pool_url})
@@ -68,18 +67,14 @@ def eval_(
         raise typer.Exit(2)
     errors: list[RowError] = []
     try:
-        parsed = list(read_rows(data, True, errors))
+        parsed = list(read_rows(data, errors=errors))
     except FileNotFoundError as e:
         typer.echo(f"swarl eval: {e}", err=True)
         raise typer.Exit(2) from None
     for bad in errors:
-        typer.echo(f"swarl eval: skipped {data}: {bad}", err=True)
+        typer.echo(f"swarl eval: skipped {bad.brief()}", err=True)
     parsed = parsed[:max_instances] if max_instances else parsed
-    try:
-        rows = [file_row(r.instance, r.data_source) for r in parsed]
-    except ValueError as e:
-        typer.echo(f"swarl eval: {data}: {e}", err=True)
-        raise typer.Exit(2) from None
+    rows = [r.instance for r in parsed]  # validated, image_name set
     target = EvalTarget(server, api_key or cfg.actor.inference_api_key, cfg.pool.url, cfg.envd.token,
                         cfg.actor.tokenizer)
     summary = asyncio.run(evaluate(rows, target, out, cfg.actor, max_concurrent, n_samples,

@@ -74,7 +74,7 @@ def test_lifecycle_and_container_settings(api, envd_server, test_image, docker_u
     assert api.get("/healthz").json()["running_containers"] >= 1
     assert test_image in api.get("/images").json()["images"]
 
-    # seed evaluate: reset, apply, run the script; exit 0 = resolved
+    # script mode: reset, apply, run the script; exit 0 = resolved
     ev = api.post("/container/evaluate", json={"container_id": cid, "patch": GOOD_PATCH,
                                                "eval_script": EVAL_SCRIPT}).json()
     assert ev["ok"] and ev["resolved"] is True and ev["returncode"] == 0, ev
@@ -156,7 +156,7 @@ def test_bad_inputs_get_clear_4xx(api, container, envd_server):
 
 
 async def test_sixteen_containers_at_once(envd_server, test_image):
-    client = EnvdClient(envd_server.url, envd_server.token)
+    client = EnvdClient.node(envd_server.url, envd_server.token)
     ids: list[str] = []
     try:
         ids = list(await asyncio.gather(*(client.create(test_image) for _ in range(16))))

@@ -25,6 +25,7 @@ echo 'PASSED test_calc.py::test_other'
 echo '>>>>> End Test Output'
 """
 INSTANCE = {"instance_id": "swarl__calc-1", "repo": "swarl/calc", "eval_script": EVAL,
+            "problem_statement": "add(2, 3) is not 5",
             "FAIL_TO_PASS": '["test_calc.py::test_add"]', "PASS_TO_PASS": ["test_calc.py::test_other"]}
 NOOP_PATCH = GOOD_PATCH.replace("+    return a + b", "+    return a - b  # same")
 
@@ -93,7 +94,7 @@ async def test_bundled_task_graded_through_the_pool(pool_server, docker_url):
     test patch alone not — graded by the harness's pytest parser via the pool's /evaluate."""
     import asyncio
 
-    from envd.client import PoolClient
+    from envd.client import EnvdClient
     from envd.images import build_task_image, ensure_base_image
     from envd.tasks import load_tasks
 
@@ -104,7 +105,7 @@ async def test_bundled_task_graded_through_the_pool(pool_server, docker_url):
         image, _built = await asyncio.to_thread(build_task_image, client, row)
     finally:
         client.close()
-    pool = PoolClient(pool_server.url, pool_server.token)
+    pool = EnvdClient.pool(pool_server.url, pool_server.token)
     try:
         lease = await pool.allocate(image, row["instance_id"])
         gold = await pool.evaluate(lease.lease_id, row["patch"], instance=row, timeout=300)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fixtures_envd import EVAL_SCRIPT, GOOD_PATCH, SWARL
 
-from envd.client import EnvError, EnvRequestError, LeaseLost, PoolClient
+from envd.client import EnvdClient, EnvError, EnvRequestError, LeaseLost
 
 pytestmark = pytest.mark.docker
 
@@ -35,7 +35,7 @@ def _exists(docker_url: str, cid: str) -> bool:
 async def test_lifecycle_through_the_pool(pool_server, test_image, docker_url):
     async with httpx.AsyncClient() as anon:
         assert (await anon.get(pool_server.url + "/status")).status_code == 401
-    pool = PoolClient(pool_server.url, pool_server.token)
+    pool = EnvdClient.pool(pool_server.url, pool_server.token)
     try:
         lease = await pool.allocate(test_image, "calc-1", owner="actor-test")
         assert lease.node_url and _exists(docker_url, lease.container_id)
@@ -61,7 +61,7 @@ async def test_lifecycle_through_the_pool(pool_server, test_image, docker_url):
             await pool.allocate("swarl/no-such-image:1", "x", wait_s=1)
         assert e.value.status == 404 and "swarl/no-such-image:1" in str(e.value)
         with pytest.raises(EnvRequestError) as e:
-            await pool.http.call("POST", "/exec", {"command": "true"})
+            await pool.call("POST", "/exec", {"command": "true"})
         assert e.value.status == 422 and "lease_id" in str(e.value)
         assert (await pool.status())["leases"] == 0
     finally:
@@ -70,13 +70,13 @@ async def test_lifecycle_through_the_pool(pool_server, test_image, docker_url):
 
 async def test_pool_restart_keeps_leases(pool_factory, envd_server, redis_url, test_image, docker_url):
     first = pool_factory([envd_server.url], redis_url)
-    pool = PoolClient(first.url, first.token)
+    pool = EnvdClient.pool(first.url, first.token)
     lease = await pool.allocate(test_image, "calc-restart")
     await pool.exec(lease.lease_id, "touch /testbed/mark")
     await pool.aclose()
     first.kill9()
     second = pool_factory([envd_server.url], redis_url, port=first.port)
-    pool = PoolClient(second.url, second.token)
+    pool = EnvdClient.pool(second.url, second.token)
     try:
         res = await pool.exec(lease.lease_id, "ls /testbed/mark")
         assert res.returncode == 0
@@ -88,7 +88,7 @@ async def test_pool_restart_keeps_leases(pool_factory, envd_server, redis_url, t
 
 async def test_expired_lease_is_closed_and_destroyed(pool_factory, envd_server, redis_url, test_image, docker_url):
     svc = pool_factory([envd_server.url], redis_url, sets=["pool.lease_ttl_s=1.5", "pool.reap_interval_s=0.3"])
-    pool = PoolClient(svc.url, svc.token)
+    pool = EnvdClient.pool(svc.url, svc.token)
     try:
         idle = await pool.allocate(test_image, "idle")
         kept = await pool.allocate(test_image, "kept")
@@ -108,7 +108,7 @@ async def test_caps_hold_across_two_pools_and_allocate_waits(pool_factory, envd_
     sets = ["pool.max_concurrent=3", "pool.max_per_node=2"]
     a = pool_factory([envd_server.url], redis_url, sets=sets)
     b = pool_factory([envd_server.url], redis_url, sets=sets)
-    ca, cb = PoolClient(a.url, a.token), PoolClient(b.url, b.token)
+    ca, cb = EnvdClient.pool(a.url, a.token), EnvdClient.pool(b.url, b.token)
     leases = []
     try:
         got = await asyncio.gather(*(c.allocate(test_image, f"cap-{i}", wait_s=1)
@@ -132,7 +132,7 @@ async def test_caps_hold_across_two_pools_and_allocate_waits(pool_factory, envd_
 
 async def test_add_and_remove_node_while_running(pool_factory, envd_server, envd_factory, redis_url, test_image):
     svc = pool_factory([envd_server.url], redis_url, sets=["pool.max_per_node=1", "pool.health_interval_s=0.5"])
-    pool = PoolClient(svc.url, svc.token)
+    pool = EnvdClient.pool(svc.url, svc.token)
     second = envd_factory(node_id="test-pool-second")
     env = {"SWARL_ENVD_TOKEN": svc.token, "SWARL_REDIS_URL": "", "PATH": "/usr/bin:/bin"}
     leases = []
@@ -144,12 +144,12 @@ async def test_add_and_remove_node_while_running(pool_factory, envd_server, envd
         from common.services import free_port
 
         dead = f"http://127.0.0.1:{free_port()}"
-        await pool.http.call("POST", "/nodes/add", {"url": dead})
+        await pool.add_node(dead)
         st = await pool.status()
         assert st["nodes"][dead]["healthy"] is False and st["nodes"][dead]["error"]
         with pytest.raises(EnvError):
             await pool.allocate(test_image, "n2", wait_s=0.5)
-        await pool.http.call("POST", "/nodes/remove", {"url": dead})
+        await pool.remove_node(dead)
         code, err = await _swarl("pool", "add-node", second.url, "--pool-url", svc.url, env=env)
         assert code == 0, err
         lease2 = await pool.allocate(test_image, "n2", wait_s=5)
@@ -182,7 +182,7 @@ async def test_add_and_remove_node_while_running(pool_factory, envd_server, envd
 async def test_client_connection_errors_are_env_errors():
     from common.services import free_port
 
-    pool = PoolClient(f"http://127.0.0.1:{free_port()}", "t", retries=1)
+    pool = EnvdClient.pool(f"http://127.0.0.1:{free_port()}", "t", retries=1)
     try:
         with pytest.raises(EnvError):
             await pool.allocate("img", "x", wait_s=0)

@@ -1,5 +1,5 @@
-"""envd.swe_eval: row validation, eval scripts (the row's own or the official harness's),
-patch checks and SWE-bench grading with the harness's log parsers."""
+"""envd.swe_eval: eval scripts (the row's own or the official harness's), patch checks and
+SWE-bench grading with the harness's log parsers (row validation: test_rows.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from envd.rows import listed_tests
 from envd.swe_eval import (
     APPLY_PATCH_FAIL,
     END_TEST_OUTPUT,
@@ -17,7 +18,6 @@ from envd.swe_eval import (
     check_patch,
     eval_script_for,
     grade,
-    normalize_instance,
 )
 from envd.tasks import load_tasks
 
@@ -34,54 +34,12 @@ def lite_rows() -> list[dict[str, Any]]:
 def _row(**over: Any) -> dict[str, Any]:
     row = {
         "repo": "sympy/sympy", "instance_id": "sympy__sympy-1", "base_commit": "abc123",
+        "problem_statement": "x",
         "patch": "", "test_patch": "diff --git a/x b/x\n", "version": "1.7",
         "FAIL_TO_PASS": '["test_a"]', "PASS_TO_PASS": '["test_b", "test_c"]',
     }
     row.update(over)
     return row
-
-
-# --- normalize_instance ----------------------------------------------------------------------
-
-def test_normalize_accepts_json_strings_and_lists() -> None:
-    swe_bench = normalize_instance(_row())
-    swe_gym = normalize_instance(_row(FAIL_TO_PASS=["test_a"], PASS_TO_PASS=["test_b", "test_c"]))
-    assert swe_bench["FAIL_TO_PASS"] == swe_gym["FAIL_TO_PASS"] == ["test_a"]
-    assert swe_bench["PASS_TO_PASS"] == swe_gym["PASS_TO_PASS"] == ["test_b", "test_c"]
-
-
-def test_normalize_does_not_modify_its_input_and_stringifies_version() -> None:
-    row = _row(version=1.7)
-    out = normalize_instance(row)
-    assert out["version"] == "1.7" and row["version"] == 1.7 and row["FAIL_TO_PASS"] == '["test_a"]'
-
-
-@pytest.mark.parametrize("field", ["instance_id", "repo", "FAIL_TO_PASS", "PASS_TO_PASS"])
-def test_normalize_names_a_missing_field(field: str) -> None:
-    row = _row()
-    del row[field]
-    with pytest.raises(ValueError, match=rf"^{field}: required"):
-        normalize_instance(row)
-
-
-@pytest.mark.parametrize("field", ["base_commit", "test_patch", "version"])
-def test_normalize_needs_script_fields_without_eval_script(field: str) -> None:
-    row = _row()
-    del row[field]
-    with pytest.raises(ValueError, match=rf"^{field}: required to build the eval script"):
-        normalize_instance(row)
-    normalize_instance({**row, "eval_script": "echo hi"})  # a row with its own script is fine
-
-
-def test_normalize_names_a_malformed_field() -> None:
-    with pytest.raises(ValueError, match=r"^FAIL_TO_PASS: not a JSON list"):
-        normalize_instance(_row(FAIL_TO_PASS="[test_a"))
-    with pytest.raises(ValueError, match=r"^PASS_TO_PASS: must be a list"):
-        normalize_instance(_row(PASS_TO_PASS=[1, 2]))
-    with pytest.raises(ValueError, match=r"^repo: must be a non-empty string"):
-        normalize_instance(_row(repo=""))
-    with pytest.raises(ValueError, match=r"^instance: must be an object"):
-        normalize_instance(["not", "a", "row"])  # type: ignore[arg-type]
 
 
 # --- check_patch ------------------------------------------------------------------------------
@@ -155,19 +113,17 @@ def _log(repo: str, passing: list[str], failing: list[str] = ()) -> str:  # type
 
 def test_grade_real_rows_with_their_repo_parser(lite_rows: list[dict[str, Any]]) -> None:
     for row in lite_rows:
-        inst = normalize_instance(row)
-        tests = inst["FAIL_TO_PASS"] + inst["PASS_TO_PASS"]
+        tests = listed_tests(row, "FAIL_TO_PASS") + listed_tests(row, "PASS_TO_PASS")
         ok = grade(row, _log(row["repo"], tests))
         assert ok.resolved and not ok.error, row["instance_id"]
-        first = inst["FAIL_TO_PASS"][0]
+        first = listed_tests(row, "FAIL_TO_PASS")[0]
         bad = grade(row, _log(row["repo"], [t for t in tests if t != first], [first]))
         assert not bad.resolved and bad.fail_to_pass[first] in ("FAILED", "ERROR"), row["instance_id"]
 
 
 def test_grade_bundled_task() -> None:
     row = load_tasks()[0]
-    inst = normalize_instance(row)
-    f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
+    f2p, p2p = listed_tests(row, "FAIL_TO_PASS"), listed_tests(row, "PASS_TO_PASS")
     ok = grade(row, _log(row["repo"], f2p + p2p))
     assert ok == EvalReport(resolved=True, tests_status=dict.fromkeys(f2p + p2p, "PASSED"),
                             fail_to_pass=dict.fromkeys(f2p, "PASSED"), pass_to_pass=dict.fromkeys(p2p, "PASSED"))
@@ -180,10 +136,10 @@ def test_grade_bundled_task() -> None:
 
 def test_grade_only_reads_between_the_markers() -> None:
     row = load_tasks()[0]
-    inst = normalize_instance(row)
+    f2p, p2p = listed_tests(row, "FAIL_TO_PASS"), listed_tests(row, "PASS_TO_PASS")
     # A "PASSED" line printed outside the framed section (e.g. by the agent's patch) is ignored.
-    log = _log(row["repo"], inst["PASS_TO_PASS"], inst["FAIL_TO_PASS"])
-    log = "PASSED " + inst["FAIL_TO_PASS"][0] + "\n" + log
+    log = _log(row["repo"], p2p, f2p)
+    log = "PASSED " + f2p[0] + "\n" + log
     assert not grade(row, log).resolved
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fixtures_tasks import TaskRunner, Variant
 
-from envd.swe_eval import normalize_instance
+from envd.rows import listed_tests
 from envd.tasks import load_tasks
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -38,7 +38,7 @@ def _check_task(client: Any, image: str, row: dict[str, Any]) -> list[str]:
         results = runner.run(row, _variants(row), timeout_s=600)
     finally:
         runner.close()
-    inst = normalize_instance(row)
+    tests = set(listed_tests(row, "FAIL_TO_PASS") + listed_tests(row, "PASS_TO_PASS"))
     iid = row["instance_id"]
     problems = []
     if GOLD_IDENTICAL not in results["fix_command"][1]:
@@ -49,7 +49,7 @@ def _check_task(client: Any, image: str, row: dict[str, Any]) -> list[str]:
         if report.resolved != (name == "gold"):
             problems.append(f"{iid} {name}: resolved={report.resolved} f2p={report.fail_to_pass} "
                             f"p2p={report.pass_to_pass} error={report.error!r}\n{log[-1500:]}")
-        if not report.error and set(report.tests_status) != set(inst["FAIL_TO_PASS"] + inst["PASS_TO_PASS"]):
+        if not report.error and set(report.tests_status) != tests:
             problems.append(f"{iid} {name}: the log's tests {sorted(report.tests_status)} "
                             "are not exactly FAIL_TO_PASS + PASS_TO_PASS")
     # On the base commit (+ test patch) the new tests fail and the old ones pass: a real bug.

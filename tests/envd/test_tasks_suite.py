@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 
 from envd.images import image_for
-from envd.swe_eval import check_patch, normalize_instance
+from envd.rows import listed_tests, validate_row
+from envd.swe_eval import check_patch
 from envd.tasks import TASKS_JSONL, get_task, load_tasks, task_files
 from envd.tasks.generate import dumps, generate
-from envd.tasks.specs import FAMILIES
+from envd.tasks.specs import FAMILIES, REPOS_DIR, TaskSpecError, load_spec_file, load_specs
 
 SWE_BENCH_FIELDS = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement",
                     "hints_text", "created_at", "version", "FAIL_TO_PASS", "PASS_TO_PASS",
@@ -48,12 +49,13 @@ def test_row_is_a_swe_bench_row(row: dict) -> None:
     assert row["repo"] == "swarl-tasks/" + row["instance_id"].split("__")[1].rsplit("-", 1)[0]
     assert re.fullmatch(r"[0-9a-f]{40}", row["base_commit"]) and row["environment_setup_commit"] == row["base_commit"]
     assert row["version"] == "1.0" and row["hints_text"] == "" and row["log_parser"] == "pytest"
-    inst = normalize_instance(row)
-    assert json.loads(row["FAIL_TO_PASS"]) == inst["FAIL_TO_PASS"] and inst["FAIL_TO_PASS"]
-    assert len(inst["PASS_TO_PASS"]) >= 1
+    assert validate_row(row) == row
+    f2p, p2p = listed_tests(row, "FAIL_TO_PASS"), listed_tests(row, "PASS_TO_PASS")
+    assert json.loads(row["FAIL_TO_PASS"]) == f2p and f2p
+    assert len(p2p) >= 1
     test_file = re.findall(r"^diff --git a/(\S+)", row["test_patch"], re.M)
     assert len(test_file) == 1
-    for t in inst["FAIL_TO_PASS"] + inst["PASS_TO_PASS"]:
+    for t in f2p + p2p:
         assert t.startswith(test_file[0] + "::test_")
     assert row["image_name"] == image_for(row) == f"swarl/task.{row['instance_id'].split('__')[1]}:latest"
 
@@ -120,3 +122,63 @@ def test_commands_edit_the_buggy_line_on_the_host(tmp_path) -> None:
             edited = (root / path).read_text()
             assert edited != files[path], (row["instance_id"], cmd)
             assert (edited == correct) == (i == 0), (row["instance_id"], cmd)
+
+
+# --- the spec files (envd/tasks/repos/<repo>.yaml) ---------------------------------------------
+
+def test_every_repository_has_its_spec_file() -> None:
+    specs = load_specs()
+    assert len(specs) == 32 and {s.instance_id for s in specs} == {r["instance_id"] for r in load_tasks()}
+    repos = {p.name for p in REPOS_DIR.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    assert {p.stem for p in REPOS_DIR.glob("*.yaml")} == repos
+
+
+GOOD_TASK = """\
+- n: 1
+  family: off_by_one
+  path: pkg/mod.py
+  good: x + 1
+  bad: x
+  wrong: [x + 2, x - 1]
+  test_path: tests/test_mod.py
+  fail_to_pass: [test_it]
+  tests: |
+    def test_it():
+        assert True
+  statement: |
+    It is wrong.
+"""
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (GOOD_TASK.replace("family: off_by_one", "family: typo"), "task demo-1: field 'family': Input should be"),
+    (GOOD_TASK.replace("  wrong: [x + 2, x - 1]\n", ""), "task demo-1: field 'wrong': Field required"),
+    (GOOD_TASK.replace("wrong: [x + 2, x - 1]", "wrong: [x + 2]"), "task demo-1: field 'wrong': "),
+    (GOOD_TASK.replace("path: pkg/mod.py", "path: ../mod.py"), "task demo-1: field 'path': Value error, must be a path"),
+    (GOOD_TASK.replace("- n: 1", "- n: 0"), "task demo-0: field 'n': Input should be greater than or equal to 1"),
+    (GOOD_TASK.replace("- n: 1\n", "- nn: 1\n"), "task #1: field 'n': Field required"),
+    (GOOD_TASK + "  colour: red\n", "task demo-1: field 'colour': Extra inputs are not permitted"),
+    (GOOD_TASK + "  repo: other\n", "task demo-1: field 'repo': given by the file's name"),
+    (GOOD_TASK + GOOD_TASK, "field 'n': each task needs its own number"),
+    ("- [not, a, mapping]\n", "task #1: expected a mapping of fields, got list"),
+    ("n: 1\n", "expected a non-empty list of tasks, got dict"),
+    ("- n: 1\n  tests: |\n bad indent\n", "not valid YAML"),
+])
+def test_a_bad_spec_file_names_file_task_and_field(tmp_path, text: str, words: str) -> None:
+    path = tmp_path / "demo.yaml"
+    path.write_text(text)
+    with pytest.raises(TaskSpecError) as ei:
+        load_spec_file(path)
+    assert str(ei.value).startswith(f"{path}: ") and words in str(ei.value), str(ei.value)
+
+
+def test_a_good_spec_file_loads() -> None:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "demo.yaml"
+        path.write_text(GOOD_TASK)
+        (spec,) = load_spec_file(path)
+    assert (spec.repo, spec.name, spec.instance_id) == ("demo", "demo-1", "swarl-tasks__demo-1")
+    assert spec.wrong == ("x + 2", "x - 1") and spec.tests.startswith("def test_it") and not spec.heldout

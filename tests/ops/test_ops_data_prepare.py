@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.services import free_port
-from swarl.data_prepare import DataError, prepare, validate_row
+from envd.rows import validate_row
+from swarl.data_prepare import DataError, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 LITE = REPO.parent / "shared" / "data" / "swe-bench-lite-test.json"
@@ -44,7 +45,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subproc
 
 
 @needs_lite
-def test_lite_file_to_seed_format_with_exports(tmp_path):
+def test_lite_file_to_prepared_records_with_exports(tmp_path):
     out = tmp_path / "out"
     p = run_cli("--source", str(LITE), "--split", "test", "--out", str(out),
                 "--repo", "sympy/sympy", "--repo", "pytest", "--max-samples", "20")
@@ -59,8 +60,8 @@ def test_lite_file_to_seed_format_with_exports(tmp_path):
     for line in lines:
         rec = json.loads(line)
         inst = rec["metadata"]["instance"]
-        # every field of the real row, unchanged (FAIL_TO_PASS stays a JSON string)
-        assert inst == rows[inst["instance_id"]]
+        # every field of the real row, unchanged (FAIL_TO_PASS stays a JSON string), plus its image
+        assert inst == {**rows[inst["instance_id"]], "image_name": inst["image_name"]}
         assert rec["text"] == inst["problem_statement"]
         assert rec["metadata"]["data_source"] == "swe-bench-lite-test"
         assert inst["repo"] in ("sympy/sympy", "pytest-dev/pytest")
@@ -75,7 +76,7 @@ def test_lite_file_to_seed_format_with_exports(tmp_path):
 
     evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
     assert [e["metadata"]["instance"]["instance_id"] for e in evals] == ids
-    assert all(e["metadata"]["image"] in images for e in evals)
+    assert all(e["metadata"]["image"] == e["metadata"]["instance"]["image_name"] in images for e in evals)
     report = json.loads((out / "prepare.json").read_text())
     assert report["repos"]["sympy/sympy"] + report["repos"].get("pytest-dev/pytest", 0) == 20
 
@@ -84,7 +85,7 @@ def test_lite_file_to_seed_format_with_exports(tmp_path):
 def test_all_lite_rows_validate_and_counts_match():
     rows = lite_rows()
     for i, row in enumerate(rows):
-        validate_row(row, f"row {i}")
+        validate_row(row, where=f"row {i}")
     assert len({r["instance_id"] for r in rows}) == 300
 
 
@@ -98,12 +99,12 @@ def test_gym_rows_with_list_tests_and_unicode(tmp_path):
     text = (tmp_path / "o" / "train.jsonl").read_text(encoding="utf-8")
     assert "Ünïcode problem — keep me as is" in text  # ensure_ascii off
     rec = json.loads(text.splitlines()[0])
-    assert rec["metadata"] == {"instance": rows[0], "data_source": "SWE-Gym/SWE-Gym"}
-    assert (tmp_path / "o" / "docker_images.txt").read_text().split()[0] == \
-        "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
+    image = "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
+    assert rec["metadata"] == {"instance": {**rows[0], "image_name": image}, "data_source": "SWE-Gym/SWE-Gym"}
+    assert (tmp_path / "o" / "docker_images.txt").read_text().split()[0] == image
 
 
-def test_parquet_and_seed_format_inputs(tmp_path):
+def test_parquet_and_prepared_inputs(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -231,12 +232,13 @@ def test_bundled_tasks_by_name_and_by_file(tmp_path):
 @needs_lite
 def test_prepared_files_are_read_by_enqueue(tmp_path):
     """The consumer's reader (`swarl enqueue`, `swarl eval`) takes every prepared line."""
-    from envd.dataset import read_rows
+    from envd.rows import read_rows
 
     prepare(str(LITE), tmp_path / "o", split="test", max_samples=40)
     for name in ("test.jsonl", "eval.jsonl"):
         errors: list = []
-        rows = list(read_rows(tmp_path / "o" / name, False, errors))
+        rows = list(read_rows(tmp_path / "o" / name, errors=errors))
         assert len(rows) == 40 and not errors
         assert {r.data_source for r in rows} == {"swe-bench-lite-test"}
-        assert rows[0].instance["FAIL_TO_PASS"]  # normalised to a list by the reader
+        assert rows[0].instance["FAIL_TO_PASS"]  # checked by the reader (a JSON list of test ids)
+        assert rows[0].instance["image_name"].startswith("docker.io/swebench/")
