@@ -174,3 +174,13 @@ def test_padded_vocab_is_the_backends():
 def test_make_plan_refuses_other_backends():
     with pytest.raises(PlanError, match="megatron"):
         make_plan(LearnerConfig(), ActorConfig(), ClusterConfig(), 1)
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b.yaml", "qwen3-32b.yaml"])
+def test_docs_show_the_plans_current_output(name):
+    """docs/gpu.md pastes each recipe's plan; it must be what the command prints today."""
+    doc = (GPU.parents[1] / "docs" / "gpu.md").read_text()
+    marker = f"$ swarl config plan --config configs/gpu/{name}\n"
+    assert marker in doc
+    pasted = doc.split(marker, 1)[1].split("```", 1)[0]
+    assert pasted == plan("--config", str(GPU / name)).stdout
