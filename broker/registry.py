@@ -105,9 +105,13 @@ def _now_lua() -> str:
 class ServerRegistry:
     """Inference servers: url, version, state, heartbeat; pins = episodes bound to a server."""
 
+    # KEYS: the server set, the server's hash. ARGV: id, beat (1: refresh the heartbeat),
+    # create (1: register; 0: update only an entry that exists, so an update after the entry
+    # vanished, e.g. Redis restarted empty, never leaves a half entry), then field/value pairs.
     _UPSERT = _now_lua() + """
+    if ARGV[3] ~= '1' and redis.call('HEXISTS', KEYS[2], 'url') == 0 then return 0 end
     redis.call('SADD', KEYS[1], ARGV[1])
-    for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+    for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
     if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'heartbeat', tostring(now)) end
     return 1
     """
@@ -176,29 +180,32 @@ class ServerRegistry:
     async def _ids(self) -> list[str]:
         return sorted(_s(x) for x in await reply(self.redis.smembers(self.keys.servers)))
 
-    async def _set(self, server_id: str, beat: bool, **fields: Any) -> None:
+    async def _set(self, server_id: str, beat: bool, create: bool, **fields: Any) -> bool:
         """Write fields; only the server's own calls (beat=True) refresh its heartbeat, so a dead
-        server that the coordinator marks failed still goes stale on time."""
-        args: list[Any] = [server_id, "1" if beat else "0"]
+        server that the coordinator marks failed still goes stale on time. Without `create`,
+        False (and nothing written) when the server has no entry."""
+        args: list[Any] = [server_id, "1" if beat else "0", "1" if create else "0"]
         for k, v in fields.items():
             if v is not None:
                 args += [k, str(v)]
-        await self._upsert(keys=[self.keys.servers, self.keys.server(server_id)], args=args)
+        return bool(await self._upsert(keys=[self.keys.servers, self.keys.server(server_id)], args=args))
 
     async def register(self, server_id: str, url: str, version: int | None, *, meta: ServerMeta,
                        state: str = "starting") -> None:
         _check_state(state)
-        await self._set(server_id, True, url=url, version="" if version is None else version, state=state,
-                        error="", meta=meta.model_dump_json(), host=socket.gethostname())
+        await self._set(server_id, True, True, url=url, version="" if version is None else version,
+                        state=state, error="", meta=meta.model_dump_json(), host=socket.gethostname())
 
-    async def heartbeat(self, server_id: str, version: int | None = None, state: str | None = None) -> None:
+    async def heartbeat(self, server_id: str, version: int | None = None, state: str | None = None) -> bool:
+        """False when the server has no entry (it must register again)."""
         if state is not None:
             _check_state(state)
-        await self._set(server_id, True, version=version, state=state)
+        return await self._set(server_id, True, False, version=version, state=state)
 
-    async def set_state(self, server_id: str, state: str, version: int | None = None, error: str = "") -> None:
+    async def set_state(self, server_id: str, state: str, version: int | None = None, error: str = "") -> bool:
+        """False when the server has no entry (left, or its entry was lost): nothing is written."""
         _check_state(state)
-        await self._set(server_id, False, state=state, version=version, error=error)
+        return await self._set(server_id, False, False, state=state, version=version, error=error)
 
     async def list(self, alive_only: bool = False) -> list[ServerInfo]:
         ids = await self._ids()

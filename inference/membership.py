@@ -123,8 +123,11 @@ class Membership:
     async def _beat_once(self) -> None:
         version = version_int(await _bounded(self._read_version()))
         if self.registered:
-            await _bounded(self.servers.heartbeat(self.server_id, version=version))
-            return
+            if await _bounded(self.servers.heartbeat(self.server_id, version=version)):
+                return
+            # the entry is gone (Redis restarted empty, or it was removed): register again
+            log.warning("server_entry_lost", server_id=self.server_id)
+            self.registered = False
         current = await _bounded(PolicyRegistry(self.servers.redis, self.keys).current())
         ready = self.any_version_ready or (version is not None and version >= current)
         state = "ready" if ready else "starting"

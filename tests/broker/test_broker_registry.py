@@ -92,3 +92,16 @@ async def test_server_meta_is_typed(aredis, keys):
     await aredis.hset(keys.server("g"), "meta", '{"kind": "sglang", "tp": 2}')
     (g,) = await reg.list()
     assert g.meta is None and "tp" in g.meta_error
+
+
+async def test_updates_never_recreate_a_lost_entry(aredis, keys):
+    reg = ServerRegistry(aredis, keys)
+    await reg.register("s", "http://s", 1, meta=META, state="ready")
+    assert await reg.heartbeat("s", version=2) and await reg.set_state("s", "draining")
+    await aredis.flushall()  # e.g. Redis restarted without its append-only file
+    assert not await reg.heartbeat("s", version=2)
+    assert not await reg.set_state("s", "ready")
+    assert await reg.list() == [] and await aredis.hgetall(keys.server("s")) == {}
+    await reg.register("s", "http://s", 2, meta=META, state="ready")
+    (s,) = await reg.list()
+    assert (s.url, s.version, s.state, s.meta) == ("http://s", 2, "ready", META)

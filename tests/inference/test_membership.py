@@ -99,3 +99,15 @@ async def test_a_membership_that_is_not_running_says_so(redis_url, keys):
     m = Membership(redis_url, keys, "x", "http://x", META, lambda: "0")
     with pytest.raises(RuntimeError, match="not running"):
         _ = m.servers
+
+
+async def test_a_lost_entry_is_registered_again(redis_url, aredis, keys):
+    """Redis restarted empty (no append-only file): the next beat finds no entry and registers
+    the server again, whole (url, meta, state), instead of writing a half entry."""
+    servers = ServerRegistry(aredis, keys)
+    wake = asyncio.Event()
+    async with Membership(redis_url, keys, "s1", "http://s1", META, lambda: "0", heartbeat_s=30.0, wake=wake):
+        await aredis.flushall()
+        wake.set()
+        await wait_for(entry(servers, "s1", lambda s: s.url == "http://s1" and s.meta == META
+                             and s.state == "ready"), within_s=5)
