@@ -1,5 +1,6 @@
-"""The agent loop (mini-swe-agent style): run() repeats step(); step() is observe(execute(query())).
-Endings are exceptions carrying their payload. The loop talks only to the protocols."""
+"""The agent loop: run() repeats step(); step() is observe(execute(query())). Endings are
+exceptions carrying their payload (the wall-clock limit is asyncio's TimeoutError, ending
+"time"). The loop talks only to the protocols."""
 
 from __future__ import annotations
 
@@ -36,10 +37,6 @@ class LimitsExceeded(EpisodeEnd):
     def __init__(self, kind: str, detail: str = "") -> None:  # kind: step | context
         super().__init__(f"{kind} limit: {detail}")
         self.kind = kind
-
-
-class TimeExceeded(EpisodeEnd):
-    kind = "time"
 
 
 class FormatError(Exception):
@@ -112,7 +109,7 @@ class Agent:
         except LimitsExceeded as e:
             ending = e.kind
         except TimeoutError:
-            ending = TimeExceeded.kind
+            ending = "time"
         wall = time.monotonic() - t0
         if ending != "submitted":
             patch = await self._diff()

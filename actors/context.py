@@ -1,4 +1,4 @@
-"""The episode's token-exact conversation and its context window (the seed's head+tail rule).
+"""The episode's token-exact conversation and its context window (head+tail truncation).
 
 A step is a block: gen_prompt + answer ids (+ a closing eos when the answer hit the length
 limit) + the observation message. The context shown to the model at step k is

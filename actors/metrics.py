@@ -1,4 +1,4 @@
-"""The seeds' per-episode agent metrics (the learner aggregates them as agent/<name>_mean...)."""
+"""Per-episode agent metrics (the learner aggregates them as agent/<name>_mean...)."""
 
 from __future__ import annotations
 

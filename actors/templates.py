@@ -81,7 +81,7 @@ class Submission:
 
 
 def detect_submission(t: PromptTemplates, returncode: int, output: str) -> Submission | None:
-    """mini-swe-agent's rule: first output line is the marker and the command succeeded; the
+    """Submitted when the first output line is the marker and the command succeeded; the
     rest of the output is the patch."""
     lines = output.lstrip().splitlines(keepends=True)
     if returncode == 0 and lines and lines[0].strip() == t.submit_marker:
