@@ -85,9 +85,11 @@ class Agent:
         self.cfg, self.t, self.enc, self.policy, self.env = cfg, templates, encoder, policy, env
         self.pinned = pinned_version
         self.rid_prefix = rid_prefix
+        # live while the loop runs: what a failed episode's trajectory is written from
         self.steps: list[StepRecord] = []
         self.messages: list[dict[str, str]] = []
         self.format_errors = 0
+        self.result: AgentResult | None = None
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, task: str, instance: dict[str, Any]) -> AgentResult:
@@ -113,8 +115,9 @@ class Agent:
         wall = time.monotonic() - t0
         if ending != "submitted":
             patch = await self._diff()
-        return AgentResult(ending, patch, self.steps, self.messages, self.conv,
-                           {"agent_time": wall}, self.format_errors)
+        self.result = AgentResult(ending, patch, self.steps, self.messages, self.conv,
+                                  {"agent_time": wall}, self.format_errors)
+        return self.result
 
     async def step(self) -> None:
         if self.cfg.step_limit and len(self.steps) >= self.cfg.step_limit:

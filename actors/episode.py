@@ -1,11 +1,14 @@
 """One episode on the protocols: agent loop → evaluation of the patch → reward → samples.
-No Redis, Docker or HTTP here (actors/rollout.py wires the real backends around it)."""
+No Redis, Docker or HTTP here (actors/leased.py runs it on a pool lease)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from actors.agent import Agent, AgentResult
 from actors.config import ActorConfig
@@ -19,6 +22,15 @@ from broker.wire import Sample
 LIMIT_ENDINGS = ("step", "context", "time")
 
 
+def image_of(instance: dict[str, Any]) -> str:
+    """The row's `image_name`: fixed once, when the data is prepared or enqueued."""
+    name = instance.get("image_name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{instance.get('instance_id')}: instance.image_name: missing (rows get "
+                         "their image at data prepare / enqueue)")
+    return name
+
+
 @dataclass(frozen=True)
 class EpisodeJob:
     """The arq job payload (broker.tasks.Job.payload) as the episode uses it."""
@@ -28,7 +40,6 @@ class EpisodeJob:
     group_id: str
     sample_index: int
     n_samples: int = 1
-    data_source: str = ""
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> EpisodeJob:
@@ -37,12 +48,17 @@ class EpisodeJob:
                 raise ValueError(f"job payload: {name}: missing")
         if not isinstance(p["instance"], dict) or "instance_id" not in p["instance"]:
             raise ValueError("job payload: instance: expected a row with instance_id")
+        image_of(p["instance"])  # a row without its image is refused before it takes a slot
         return cls(str(p["job_id"]), p["instance"], str(p["group_id"]), int(p["sample_index"]),
-                   int(p.get("n_samples", 1)), str(p.get("data_source", "")))
+                   int(p.get("n_samples", 1)))
 
     @property
     def instance_id(self) -> str:
         return str(self.instance["instance_id"])
+
+    @property
+    def image(self) -> str:
+        return image_of(self.instance)
 
     @property
     def task(self) -> str:
@@ -61,15 +77,20 @@ class EpisodeResult:
     metrics: dict[str, float]
     masked: bool = False
     mask_reason: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    traj_dir: Path | None = None   # where its trajectory was written, if it was
 
 
-async def run_episode(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder,
-                      policy: Policy, env: Env, job: EpisodeJob,
-                      pinned_version: int | None) -> EpisodeResult:
+def make_agent(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder, policy: Policy,
+               env: Env, job: EpisodeJob, pinned_version: int | None) -> Agent:
     """pinned_version None: no weight-version check (slime keeps its engines in sync)."""
+    return Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:")
+
+
+async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
+    """The agent's loop on the job's task, then evaluation, reward and samples. On an exception
+    the agent keeps what the loop did so far (its steps and messages)."""
+    cfg, env = agent.cfg, agent.env
     t0 = time.monotonic()
-    agent = Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:")
     res = await agent.run(job.task, job.instance)
     evaluation, eval_time = None, 0.0
     if res.patch.strip():
@@ -96,7 +117,7 @@ async def run_episode(cfg: ActorConfig, templates: PromptTemplates, encoder: Cha
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
         masked=float(masked))
     out = EpisodeResult(job, [], res, status, reward, resolved, evaluation, metrics, masked, mask_reason)
-    out.samples = build_samples(cfg, out, pinned_version or 0)
+    out.samples = build_samples(cfg, out, agent.pinned or 0)
     return out
 
 
@@ -106,7 +127,8 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
 
     def sample(k: int, total: int, tokens: list[int], mask: list[int], lps: list[float],
                prompt_len: int, wv: list[str]) -> Sample:
-        return Sample(tokens=tokens, loss_mask=mask, rollout_logprobs=lps, prompt_len=prompt_len,
+        return Sample(tokens=np.asarray(tokens, np.int32), loss_mask=np.asarray(mask, np.uint8),
+                      rollout_logprobs=np.asarray(lps, np.float32), prompt_len=prompt_len,
                       reward=ep.reward, group_id=job.group_id, sample_index=job.sample_index,
                       instance_id=job.instance_id, policy_version=policy_version,
                       sample_id=f"{job.job_id}:{k}", episode_id=job.job_id, weight_versions=wv,
@@ -135,16 +157,16 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
 
 
 def failure_samples(encoder: ChatEncoder, templates: PromptTemplates, cfg: ActorConfig,
-                    job: EpisodeJob, policy_version: int, reason: str,
-                    metrics: dict[str, float] | None = None) -> list[Sample]:
+                    job: EpisodeJob, policy_version: int, reason: str) -> list[Sample]:
     """One masked sample for an episode lost to infrastructure: it completes the learner's group
     without biasing it (masked samples are excluded from loss and group statistics)."""
     variables = {"task": job.task, "instance": job.instance, "step_limit": cfg.step_limit,
                  "cwd": cfg.cwd}
     p = encoder.prompt(templates.render("system", **variables), templates.render("instance", **variables))
-    return [Sample(tokens=p, loss_mask=[0] * len(p), rollout_logprobs=[0.0] * len(p),
+    return [Sample(tokens=np.asarray(p, np.int32), loss_mask=np.zeros(len(p), np.uint8),
+                   rollout_logprobs=np.zeros(len(p), np.float32),
                    prompt_len=len(p), reward=0.0, group_id=job.group_id,
                    sample_index=job.sample_index, instance_id=job.instance_id,
                    policy_version=policy_version, sample_id=f"{job.job_id}:0",
                    episode_id=job.job_id, status="failed", step_index=0, steps_total=1,
-                   masked=True, mask_reason=f"infra:{reason}", metrics=dict(metrics or {}))]
+                   masked=True, mask_reason=f"infra:{reason}")]

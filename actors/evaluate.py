@@ -64,68 +64,43 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str | Path,
                    actor_cfg: ActorConfig, max_concurrent: int = 4, n_samples: int = 1,
-                   on_result: Callable[[dict[str, Any]], None] | None = None,
-                   data_source: str | None = None) -> dict[str, Any]:
-    """`data_source` (e.g. the HF dataset id) picks SWE-Gym vs SWE-bench image naming."""
-    from actors.artifacts import write_trajectory
-    from actors.backends import PoolEnv, ServerPolicy
-    from actors.encoding import ChatEncoder
-    from actors.episode import EpisodeJob, run_episode
+                   on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every row must carry its `image_name` (ValueError naming the first that does not)."""
+    from actors.backends import ServerPolicy
+    from actors.episode import EpisodeJob, image_of
+    from actors.leased import LeasedEpisodes
     from actors.protocols import InfraError
-    from actors.templates import load_templates
     from envd.client import PoolClient
-    from envd.images import image_for
 
+    for row in rows:
+        image_of(row)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     done = _done_keys(results_path)
-    templates = load_templates(actor_cfg.prompts)
     pool = PoolClient(target.pool_url, target.pool_token, allocate_wait_s=actor_cfg.allocate_wait_s)
-    probe = ServerPolicy(target.server_url, target.api_key, actor_cfg.generate_timeout_s)
-    try:
-        tok_path = target.tokenizer
-        if not tok_path:
-            info = await probe.model_info()
-            tok_path = info.get("tokenizer_path") or info.get("model_path")
-        from transformers import AutoTokenizer
-
-        encoder = ChatEncoder(await asyncio.to_thread(AutoTokenizer.from_pretrained, tok_path))
-    finally:
-        await probe.aclose()
+    episodes = LeasedEpisodes(actor_cfg, pool, owner="swarl-eval", tokenizer=target.tokenizer, traj_dir=out)
     sem = asyncio.Semaphore(max_concurrent)
     write_lock = asyncio.Lock()
 
     async def one(row: dict[str, Any], k: int) -> None:
         key = f"{row['instance_id']}#{k}"
-        job = EpisodeJob(f"eval:{key}", row, f"eval:{row['instance_id']}", k, n_samples, "eval")
+        job = EpisodeJob(f"eval:{key}", row, f"eval:{row['instance_id']}", k, n_samples)
         res: dict[str, Any] = {"key": key, "instance_id": row["instance_id"], "sample": k}
         async with sem:
             t0 = time.monotonic()
             policy = ServerPolicy(target.server_url, target.api_key, actor_cfg.generate_timeout_s)
-            lease = None
             try:
-                lease = await pool.allocate(image_for(row, data_source), row["instance_id"],
-                                            wait_s=actor_cfg.allocate_wait_s, owner="swarl-eval")
-                env = PoolEnv(pool, lease, row, actor_cfg.cwd, actor_cfg.exec_env)
-                ep = await run_episode(actor_cfg, templates, encoder, policy, env, job, None)
-                d = await asyncio.to_thread(write_trajectory, out, ep, {
-                    "server": target.server_url, "sampling": actor_cfg.sampling.model_dump(),
-                    "weight_versions": sorted({s.weight_version for s in ep.agent.steps}),
-                    "step_limit": actor_cfg.step_limit})
+                ep = await episodes.run(job, policy, None, meta={"server": target.server_url})
+                versions = sorted({s.weight_version for s in ep.agent.steps})
                 res.update(resolved=ep.resolved, reward=ep.reward, ending=ep.agent.ending,
-                           steps=len(ep.agent.steps), traj_dir=str(d),
-                           weight_versions=sorted({s.weight_version for s in ep.agent.steps}))
+                           steps=len(ep.agent.steps), traj_dir=ep.traj_dir and str(ep.traj_dir),
+                           weight_versions=versions)
             except InfraError as e:
                 res.update(resolved=False, error=e.reason, detail=e.detail[:500])
-            except Exception as e:  # allocation and other client errors: recorded, not fatal
+            except Exception as e:  # other client errors: recorded, not fatal
                 res.update(resolved=False, error=type(e).__name__, detail=str(e)[:500])
             finally:
-                if lease is not None:
-                    try:
-                        await asyncio.wait_for(pool.close(lease.lease_id), 30)
-                    except Exception as e:
-                        log.warning("lease_close_failed", lease=lease.lease_id, error=str(e))
                 await policy.aclose()
             res["time_s"] = round(time.monotonic() - t0, 3)
         async with write_lock:

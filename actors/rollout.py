@@ -1,6 +1,6 @@
-"""One rollout job against the real services: admission → pin → lease → episode → samples →
-replay stream. Pin, lease and (when nothing was produced) the admission slot are released in a
-`finally` shielded from cancellation."""
+"""One rollout job against the real services: admission → pin → leased episode → samples →
+replay stream. The pin and (when nothing was produced) the admission slot are released in a
+`finally` shielded from cancellation; the lease and the trajectory are the leased episode's."""
 
 from __future__ import annotations
 
@@ -12,22 +12,15 @@ import time
 from collections import Counter
 from typing import Any
 
-from actors.backends import PoolEnv, ServerPolicy
-from actors.encoding import ChatEncoder
-from actors.episode import EpisodeJob, EpisodeResult, failure_samples, run_episode
+from actors.backends import ServerPolicy
+from actors.episode import EpisodeJob, failure_samples
+from actors.leased import LeasedEpisodes
 from actors.protocols import InfraError
 from actors.runtime import ActorRuntime
-from actors.templates import load_templates
 from broker.keys import PIN_TTL_S
 from common.logs import get_logger
 
 log = get_logger("actors.rollout")
-
-
-def load_encoder(path: str) -> ChatEncoder:
-    from transformers import AutoTokenizer
-
-    return ChatEncoder(AutoTokenizer.from_pretrained(path))
 
 
 class Rollouts:
@@ -44,7 +37,6 @@ class Rollouts:
         # systemd's actor@N sets SWARL_ACTOR_INSTANCE: the id then survives restarts
         instance = os.environ.get("SWARL_ACTOR_INSTANCE")
         self.actor_id = actor_id or f"{socket.gethostname()}:{instance or os.getpid()}"
-        self.templates = load_templates(self.a.prompts)
         self.admission = Admission(redis, self.keys, rt.admission)
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
@@ -52,36 +44,21 @@ class Rollouts:
         if not rt.pool_url:
             raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
         self.pool = PoolClient(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
+        self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
+                                       traj_dir=rt.traj_dir if self.a.save_trajectories else None)
         self.api_key = self.a.inference_api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
-        self.traj_dir = rt.traj_dir
-        self.encoder: ChatEncoder | None = None
-        self._enc_lock = asyncio.Lock()
         self.running = 0
         self.totals: Counter[str] = Counter()
-
-    # -- shared resources --------------------------------------------------------------
-    async def _encoder(self, policy: ServerPolicy | None) -> ChatEncoder:
-        async with self._enc_lock:
-            if self.encoder is None:
-                path = self.rt.tokenizer
-                if not path and policy is not None:
-                    info = await policy.model_info()
-                    path = info.get("tokenizer_path") or info.get("model_path")
-                if not path or not await asyncio.to_thread(os.path.exists, path):
-                    raise InfraError("tokenizer_missing", f"no local tokenizer at {path!r} "
-                                     "(set actor.tokenizer)")
-                self.encoder = await asyncio.to_thread(load_encoder, path)
-            return self.encoder
 
     async def warm_up(self) -> None:
         """Import the heavy modules and load the tokenizer off the event loop before taking
         jobs: a loop blocked for seconds would let running jobs' claims lapse."""
         import importlib
 
-        for mod in ("transformers", "inference.client", "envd.client", "envd.images"):
+        for mod in ("transformers", "inference.client", "envd.client"):
             await asyncio.to_thread(importlib.import_module, mod)
         if self.rt.tokenizer:
-            await self._encoder(None)
+            await self.episodes.encoder(None)
 
     async def _admit(self) -> None:
         # The learner's progress frees slots; the job's claim is renewed while we wait.
@@ -103,15 +80,11 @@ class Rollouts:
                                  f"{min_version} within {self.a.pin_wait_s:.0f}s")
             await asyncio.sleep(0.5)
 
-    async def _keepalive(self, server_id: str, pin_id: str, leases: list[Any]) -> None:
-        """Renew the pin, and heartbeat the lease so a long generation does not expire it."""
+    async def _keep_pin(self, server_id: str, pin_id: str) -> None:
         while True:
             await asyncio.sleep(min(self.a.heartbeat_s, PIN_TTL_S / 4))
             with contextlib.suppress(Exception):
                 await self.servers.renew_pin(server_id, pin_id, PIN_TTL_S)
-            for lease in leases:
-                with contextlib.suppress(Exception):
-                    await self.pool.heartbeat(lease.lease_id)
 
     # -- one job -----------------------------------------------------------------------
     async def run(self, payload: dict[str, Any], job_try: int = 1) -> dict[str, Any]:
@@ -121,25 +94,21 @@ class Rollouts:
         final_try = job_try >= self.rt.queue.max_tries
         pin_id = f"{self.actor_id}:{job.job_id}:{job_try}"
         admitted = produced = False
-        server = policy = lease = None
+        server = policy = None
         renew: asyncio.Task[None] | None = None
         self.running += 1
         try:
             await self._admit()
             admitted = True
             server = await self._pin(pin_id)
-            leases: list[Any] = []
-            renew = asyncio.create_task(self._keepalive(server.id, pin_id, leases))
+            renew = asyncio.create_task(self._keep_pin(server.id, pin_id))
             policy = ServerPolicy(server.url, self.api_key, self.a.generate_timeout_s)
-            encoder = await self._encoder(policy)
-            lease = await self._allocate(job)
-            leases.append(lease)
-            env = PoolEnv(self.pool, lease, job.instance, self.a.cwd, self.a.exec_env)
             version = server.version or 0
-            ep = await run_episode(self.a, self.templates, encoder, policy, env, job, version)
+            ep = await self.episodes.run(job, policy, version, meta={
+                "server": server.url, "server_id": server.id, "policy_version": version,
+                "job_try": job_try})
             await self.writer.add(ep.samples)
             produced = True
-            await self._save(ep, server, version)
             self.totals["episodes"] += 1
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
@@ -159,8 +128,8 @@ class Rollouts:
                 raise  # arq runs the job again (bounded by queue.max_tries)
             # Last try: one masked sample completes the learner's group without biasing it.
             version = server.version or 0 if server is not None else await self.policies.current()
-            encoder = await self._encoder(policy)
-            samples = failure_samples(encoder, self.templates, self.a, job, version, e.reason)
+            encoder = await self.episodes.encoder(policy)
+            samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, e.reason)
             await self.writer.add(samples)
             produced = True
             self.totals["episodes_masked_infra"] += 1
@@ -170,29 +139,14 @@ class Rollouts:
             return {"masked": True, "reason": e.reason}
         finally:
             self.running -= 1
-            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, lease,
-                                               admitted and not produced))
-
-    async def _allocate(self, job: EpisodeJob) -> Any:
-        from envd.client import EnvError, EnvRequestError
-        from envd.images import image_for
-
-        image = image_for(job.instance, job.data_source or None)
-        try:
-            return await self.pool.allocate(image, job.instance_id, wait_s=self.a.allocate_wait_s,
-                                            owner=self.actor_id)
-        except (EnvError, EnvRequestError) as e:  # a missing image is infrastructure too
-            raise InfraError("allocate_failed", f"{image}: {e}") from e
+            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not produced))
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
-                       policy: ServerPolicy | None, lease: Any, release: bool) -> None:
+                       policy: ServerPolicy | None, release: bool) -> None:
         if renew is not None:
             renew.cancel()
             with contextlib.suppress(BaseException):
                 await renew
-        if lease is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pool.close(lease.lease_id), 30)
         if server is not None:
             with contextlib.suppress(Exception):
                 await self.servers.unpin(server.id, pin_id)
@@ -209,21 +163,6 @@ class Rollouts:
         pipe.hincrby(self.keys.stats, "samples_written", samples)
         with contextlib.suppress(Exception):
             await pipe.execute()
-
-    async def _save(self, ep: EpisodeResult, server: Any, version: int) -> None:
-        if not self.a.save_trajectories:
-            return
-        from actors.artifacts import write_trajectory
-
-        meta = {"model": self.rt.tokenizer, "server": server.url,
-                "server_id": server.id, "policy_version": version,
-                "weight_versions": [s.weight_version for s in ep.agent.steps],
-                "sampling": self.a.sampling.model_dump(), "actor": self.actor_id,
-                "config": self.a.model_dump(exclude={"inference_api_key"})}
-        try:
-            await asyncio.to_thread(write_trajectory, self.traj_dir, ep, meta)
-        except OSError as e:  # artifacts are for humans; a full disk must not lose the samples
-            log.warning("trajectory_not_saved", error=str(e))
 
     async def aclose(self) -> None:
         await self.pool.aclose()

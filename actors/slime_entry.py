@@ -1,26 +1,42 @@
-"""slime entry points running swarl's episode code, so slime's RolloutManager can drive swarl
-actors:  --custom-generate-function-path actors.slime_entry.generate
-         --custom-rm-path actors.slime_entry.reward_func
+"""slime's extension points running swarl's leased episode, so that slime's rollout drives
+swarl's agent loop, envd pool and SWE grading:
+    --custom-generate-function-path actors.slime_entry.generate
+    --custom-rm-path actors.slime_entry.reward_func        (best with --group-rm, see below)
 
-`generate(args, sample, sampling_params)` runs one episode for `sample.metadata["instance"]`
-(the seed's prepared JSONL: {"text", "metadata": {"instance": row, "data_source"}}) against the
-SGLang router (`args.sglang_router_ip/port`) and the envd pool (`args.swarl_pool_url` or
-SWARL_POOL_URL, token `args.swarl_envd_token` or SWARL_ENVD_TOKEN), and fills slime's Sample:
-tokens, response, response_length, loss_mask and rollout_log_probs (response part),
-reward, status, weight_versions, metadata["swarl"]. The whole trajectory is one sample
-(slime trains one sample per prompt); swarl's own actors add dynamic history.
+`generate(args, sample, sampling_params)` runs one episode for `sample.metadata["instance"]` (a
+prepared row: {"text", "metadata": {"instance": row, "data_source"}}) against the SGLang router
+(`args.sglang_router_ip/port`) and the envd pool (`args.swarl_pool_url` or SWARL_POOL_URL, token
+`args.swarl_envd_token` or SWARL_ENVD_TOKEN), and returns slime's Sample:
+- an episode to train: tokens = prompt + response, response_length, loss_mask and
+  rollout_log_probs over the response (the same length), reward, status COMPLETED (submitted) or
+  TRUNCATED (a step, context or time limit), weight_versions (one per turn),
+  non_generation_time, metadata["swarl"] (reward, resolved, ending, metrics, patch);
+- a masked episode (actor.compact_filtering, or no step at all): remove_sample=True, so slime
+  zeroes its loss mask;
+- an infrastructure failure (pool, envd, server, evaluation timeout): remove_sample=True, status
+  ABORTED, and a placeholder of two tokens whose one-token response has loss mask 0 and logprob
+  0.0, the shape slime drops without training on it.
+slime still counts removed samples in the group's reward normalisation, so a removed sample's own
+reward is never used: `reward_func` on a group (`--group-rm`) gives it the mean reward of the
+group's kept samples (the group mean is unchanged, its advantage is 0); on one sample, 0.0.
+One sample per episode (the whole trajectory); no pin or version check (slime syncs its engines).
 Optional args: swarl_config (a swarl YAML whose `actor` section is used), swarl_api_key.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from actors.config import ActorConfig
 from actors.protocols import InfraError
+from common.logs import get_logger
 
-_ENCODERS: dict[str, Any] = {}
+log = get_logger("actors.slime")
+
+# A dropped sample's tokens: two placeholders, the second being a one-token response.
+_PLACEHOLDER_TOKENS = [0, 0]
 
 
 def actor_config(args: Any, sampling_params: dict[str, Any]) -> ActorConfig:
@@ -38,90 +54,104 @@ def actor_config(args: Any, sampling_params: dict[str, Any]) -> ActorConfig:
     return cfg.model_copy(update={"sampling": sp, "dynamic_history": False, "max_context_len": ctx})
 
 
-def _status(sample: Any, name: str) -> Any:
-    st = getattr(type(sample), "Status", None)
-    if st is None:
-        return name
-    return getattr(st, name, None) or st.ABORTED
-
-
-def _encoder(path: str) -> Any:
-    if path not in _ENCODERS:
-        from actors.rollout import load_encoder
-
-        _ENCODERS[path] = load_encoder(path)
-    return _ENCODERS[path]
+def _setting(args: Any, name: str, env: str) -> str | None:
+    return getattr(args, name, None) or os.environ.get(env) or None
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
-    from actors.backends import PoolEnv, ServerPolicy
-    from actors.episode import EpisodeJob, run_episode
-    from actors.templates import load_templates
-    from envd.client import EnvError, EnvRequestError, PoolClient
-    from envd.images import image_for
+    from actors.backends import ServerPolicy
+    from actors.episode import EpisodeJob
+    from actors.leased import LeasedEpisodes
+    from actors.rows import file_row
+    from envd.client import PoolClient
 
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
-    instance = meta.get("instance")
-    if not isinstance(instance, dict) or "instance_id" not in instance:
-        raise ValueError("sample.metadata.instance: expected a SWE-bench row with instance_id")
+    if not isinstance(meta.get("instance"), dict):
+        raise ValueError("sample.metadata.instance: expected a SWE row (an object)")
+    instance = file_row(meta["instance"], meta.get("data_source"))
+    pool_url = _setting(args, "swarl_pool_url", "SWARL_POOL_URL")
+    if not pool_url:
+        raise ValueError("swarl_pool_url: not set (args.swarl_pool_url or SWARL_POOL_URL)")
     cfg = actor_config(args, sampling_params)
-    encoder = _encoder(getattr(args, "hf_checkpoint", None) or cfg.tokenizer or "")
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    api_key = getattr(args, "swarl_api_key", None) or os.environ.get("SWARL_INFERENCE_API_KEY")
-    pool = PoolClient(getattr(args, "swarl_pool_url", None) or os.environ["SWARL_POOL_URL"],
-                      getattr(args, "swarl_envd_token", None) or os.environ.get("SWARL_ENVD_TOKEN"),
+    gidx, idx = sample.group_index, sample.index
+    iid = instance["instance_id"]
+    job = EpisodeJob(f"slime:{iid}:{gidx}:{idx}", instance, f"{iid}:{gidx}", int(idx or 0))
+    pool = PoolClient(pool_url, _setting(args, "swarl_envd_token", "SWARL_ENVD_TOKEN"),
                       allocate_wait_s=cfg.allocate_wait_s)
-    policy = ServerPolicy(url, api_key, cfg.generate_timeout_s)
-    idx = getattr(sample, "index", None)
-    gidx = getattr(sample, "group_index", None)
-    job = EpisodeJob(f"slime:{instance['instance_id']}:{gidx}:{idx}", instance,
-                     f"{instance['instance_id']}:{gidx}", int(idx or 0), 1,
-                     str(meta.get("data_source", "")))
-    lease = None
+    policy = ServerPolicy(url, _setting(args, "swarl_api_key", "SWARL_INFERENCE_API_KEY"),
+                          cfg.generate_timeout_s)
+    traj_dir = Path(cfg.traj_dir) if cfg.traj_dir and cfg.save_trajectories else None
+    episodes = LeasedEpisodes(cfg, pool, owner="slime", traj_dir=traj_dir,
+                              tokenizer=getattr(args, "hf_checkpoint", None) or cfg.tokenizer)
     try:
-        try:
-            lease = await pool.allocate(image_for(instance, job.data_source or None),
-                                        job.instance_id, owner="slime")
-        except (EnvError, EnvRequestError) as e:
-            raise InfraError("allocate_failed", str(e)) from e
-        env = PoolEnv(pool, lease, instance, cfg.cwd, cfg.exec_env)
-        ep = await run_episode(cfg, load_templates(cfg.prompts), encoder, policy, env, job,
-                               pinned_version=None)  # slime keeps the engines in sync itself
+        ep = await episodes.run(job, policy, None, meta={"server": url})
     except InfraError as e:
-        sample.status = _status(sample, "FAILED")
+        log.warning("slime_episode_infra_failure", job_id=job.job_id, reason=e.reason,
+                    detail=e.detail[:300])
+        _placeholder(sample)
+        sample.status = type(sample).Status.ABORTED
+        sample.remove_sample = True
         sample.reward = 0.0
         sample.metadata = {**meta, "swarl": {"reward": 0.0, "masked": True,
-                                             "mask_reason": f"infra:{e.reason}"}}
+                                             "mask_reason": f"infra:{e.reason}",
+                                             "error": e.detail[:500]}}
         return sample
     finally:
-        if lease is not None:
-            try:
-                await pool.close(lease.lease_id)
-            except Exception:  # the pool reaps an unclosed lease at expiry
-                pass
         await policy.aclose()
         await pool.aclose()
     (s,) = ep.samples
     p = s.prompt_len
     tokens = [int(t) for t in s.tokens]
-    sample.tokens = tokens
-    sample.response_length = len(tokens) - p
-    sample.response = encoder.tok.decode(tokens[p:], skip_special_tokens=False)
-    sample.loss_mask = [int(m) for m in s.loss_mask[p:]]
-    sample.rollout_log_probs = [float(x) for x in s.rollout_logprobs[p:]]
-    sample.reward = ep.reward
+    if len(tokens) > p:
+        sample.tokens = tokens
+        sample.response_length = len(tokens) - p
+        sample.response = ep.agent.conversation.enc.tok.decode(tokens[p:], skip_special_tokens=False)
+        sample.loss_mask = [0] * (len(tokens) - p) if ep.masked else [int(m) for m in s.loss_mask[p:]]
+        sample.rollout_log_probs = [float(x) for x in s.rollout_logprobs[p:]]
+    else:  # no answer at all (the prompt alone filled the context, or no time for a turn)
+        _placeholder(sample)
     sample.weight_versions = list(s.weight_versions)
-    sample.status = _status(sample, "COMPLETED" if ep.status == "completed" else "TRUNCATED")
+    status = type(sample).Status
+    sample.status = status.COMPLETED if ep.status == "completed" else status.TRUNCATED
+    sample.remove_sample = ep.masked
+    sample.non_generation_time = max(0.0, ep.metrics["total_time"] - ep.metrics["model_query_time_sum"])
     sample.metadata = {**meta, "swarl": {
         "reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,
         "masked": ep.masked, "mask_reason": ep.mask_reason, "metrics": ep.metrics,
         "patch": ep.agent.patch}}
+    sample.reward = 0.0 if ep.masked else ep.reward
     return sample
 
 
-async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float:
-    """The reward generate() computed (evaluation already ran in a fresh container)."""
-    info = (sample.metadata or {}).get("swarl") if isinstance(sample.metadata, dict) else None
-    if not info or "reward" not in info:
+def _placeholder(sample: Any) -> None:
+    sample.tokens = list(_PLACEHOLDER_TOKENS)
+    sample.response = ""
+    sample.response_length = 1
+    sample.loss_mask = [0]
+    sample.rollout_log_probs = [0.0]
+
+
+def _own_reward(sample: Any) -> float | None:
+    """The episode's reward; None for a removed sample (its reward must not count)."""
+    info = sample.metadata.get("swarl") if isinstance(sample.metadata, dict) else None
+    if not isinstance(info, dict) or "reward" not in info:
         raise ValueError("sample.metadata.swarl.reward: missing (run actors.slime_entry.generate first)")
+    if sample.remove_sample or info.get("masked"):
+        return None
     return float(info["reward"])
+
+
+async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+    """The reward generate() computed (evaluation already ran in a fresh container). A list (slime's
+    --group-rm) gets one reward per sample, removed ones the mean of the kept ones."""
+    if isinstance(sample, list):
+        if any(isinstance(s, list) for s in sample):
+            raise TypeError("reward_func: expected a group of samples, got nested lists "
+                            "(generate returns one sample per episode)")
+        own = [_own_reward(s) for s in sample]
+        kept = [r for r in own if r is not None]
+        fill = sum(kept) / len(kept) if kept else 0.0
+        return [fill if r is None else r for r in own]
+    r = _own_reward(sample)
+    return 0.0 if r is None else r

@@ -1,5 +1,5 @@
 """Fixtures for the actors' tests: a small ChatML tokenizer built offline (no hub), so the pure
-parts need no services."""
+parts need no services; the scripted policy server over two task rows for the service tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 # be disturbed by a thread compiling at the same moment and fail the run after all tests passed.
 import hypothesis  # noqa: F401
 import pytest
+from actor_services import calc_row, start_scripted
+from fixtures_envd import TEST_IMAGE
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -67,3 +69,13 @@ def chatml_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def think_tokenizer(tmp_path_factory):
     return build_tokenizer(tmp_path_factory.mktemp("tok-think"), THINK_STRIPPING)
+
+
+@pytest.fixture
+def scripted(tiny_model_dir, redis_url, tmp_path):
+    """The scripted policy server (registered as a ready server at version 0) and its rows:
+    the gold fix, then a wrong fix."""
+    rows = [calc_row(TEST_IMAGE, 1, "fix"), calc_row(TEST_IMAGE, 2, "wrong")]
+    p = start_scripted(tiny_model_dir, rows, redis_url, tmp_path / "logs")
+    yield p, rows
+    p.stop()

@@ -7,12 +7,12 @@ from actor_localenv import INSTANCE, LocalEnv, make_repo
 
 from actors.config import ActorConfig
 from actors.encoding import ChatEncoder
-from actors.episode import EpisodeJob, run_episode
+from actors.episode import EpisodeJob, make_agent, run_episode
 from actors.protocols import InfraError
 from actors.templates import load_templates
 from inference.scripted import SCRIPTED_LOGPROB, ScriptedPolicy
 
-JOB = EpisodeJob("test:local__calc-1:g0:s0", INSTANCE, "local__calc-1:g0", 0, 2, "local")
+JOB = EpisodeJob("test:local__calc-1:g0:s0", INSTANCE, "local__calc-1:g0", 0, 2)
 
 
 @pytest.fixture
@@ -25,7 +25,8 @@ async def _run(tok, base_repo, mode="fix", version="3", pinned=3, **overrides):
     env = LocalEnv(base_repo)
     policy = ScriptedPolicy(tok, mode, version, [INSTANCE], sleep_s=5)
     try:
-        return await run_episode(cfg, load_templates(), ChatEncoder(tok), policy, env, JOB, pinned), env
+        agent = make_agent(cfg, load_templates(), ChatEncoder(tok), policy, env, JOB, pinned)
+        return await run_episode(agent, JOB), env
     finally:
         await env.close()
 

@@ -8,7 +8,6 @@ import asyncio
 import numpy as np
 import pytest
 from actor_services import actor_config, actor_sets, calc_row, payload, start_scripted
-from fixtures_envd import TEST_IMAGE
 
 from actors.protocols import InfraError
 from actors.rollout import Rollouts
@@ -29,14 +28,6 @@ async def _replay(r) -> list:
     while batch := await reader.read(count=256, block_ms=50):
         out += batch
     return [e.sample for e in out]
-
-
-@pytest.fixture
-def scripted(tiny_model_dir, redis_url, tmp_path):
-    rows = [calc_row(TEST_IMAGE, 1, "fix"), calc_row(TEST_IMAGE, 2, "wrong")]
-    p = start_scripted(tiny_model_dir, rows, redis_url, tmp_path / "logs")
-    yield p, rows
-    p.stop()
 
 
 async def test_scripted_fix_resolves_and_wrong_fix_is_minus_one(scripted, pool_server, redis_url,
@@ -106,6 +97,55 @@ async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_di
         await r.aclose()
 
 
+async def test_failed_episode_writes_its_trajectory_with_the_error(tiny_model_dir, redis_url,
+                                                                     pool_server, test_image, tmp_path):
+    """The server changes weights in the middle of an episode: the actor gives the job back (the
+    weight version no longer matches its pin), and the trajectory holds the step it ran and why."""
+    import json
+    import time
+
+    import httpx
+
+    row = calc_row(test_image, 4, "sleep")
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs", sleep_s=6)
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        job = asyncio.create_task(ro.run(payload(row), job_try=1))
+        deadline = time.monotonic() + 60
+        while (await ro.pool.status())["leases"] == 0:   # the episode holds its container
+            assert time.monotonic() < deadline and not job.done(), job
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)                          # its first command (sleep 6) is running
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {server.api_key}"}) as c:
+            (await c.post(f"{server.url}/update_weight_version", json={"new_version": "1"},
+                          timeout=10)).raise_for_status()
+        with pytest.raises(InfraError, match="weight_version_mismatch"):
+            await job
+        (d,) = (tmp_path / "run" / "trajectories").iterdir()
+        traj = json.loads((d / "traj.json").read_text())
+        assert traj["error"]["reason"] == "weight_version_mismatch" and traj["ending"] == "error"
+        assert "pinned 0" in traj["error"]["detail"] and traj["job_id"] == payload(row)["job_id"]
+        (step,) = traj["step_debug"]
+        assert step["action"].startswith("sleep 6") and step["returncode"] == 0
+        assert [m["role"] for m in traj["messages"]] == ["system", "user", "assistant", "user"]
+        meta = json.loads((d / "meta.json").read_text())
+        assert meta["server_id"] and meta["job_try"] == 1 and meta["weight_versions"] == ["0"]
+        assert "inference_api_key" not in meta["config"]
+        # nothing written, nothing held: lease closed, pin dropped, admission slot given back
+        assert await _replay(r) == []
+        assert (await ro.pool.status())["leases"] == 0
+        (info,) = await ServerRegistry(r, KEYS).list()
+        assert info.pins == 0
+        assert int(await r.get(KEYS.admission_started) or 0) == 0
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.stop()
+
+
 async def test_tiny_model_episode_logprobs_match_transformers(cpu_server_factory, pool_server, redis_url,
                                                               tiny_model_dir, test_image, tmp_path):
     import torch
@@ -139,59 +179,6 @@ async def test_tiny_model_episode_logprobs_match_transformers(cpu_server_factory
         assert mask.sum() > 0
         np.testing.assert_allclose(lp[mask], np.asarray(s.rollout_logprobs[1:])[mask], atol=1e-4)
         assert (np.asarray(s.rollout_logprobs)[~np.asarray(s.loss_mask, dtype=bool)] == 0).all()
-
-
-async def test_slime_entry_fills_slimes_sample(scripted, pool_server, tiny_model_dir, test_image,
-                                               monkeypatch):
-    """slime's custom generate / reward signatures, on a minimal stand-in of slime's Sample."""
-    import enum
-    from dataclasses import dataclass, field
-    from types import SimpleNamespace
-    from urllib.parse import urlparse
-
-    from actors.slime_entry import generate, reward_func
-
-    @dataclass
-    class Sample:  # the fields of slime.utils.types.Sample that a generate function fills
-        class Status(enum.Enum):
-            PENDING = "pending"
-            COMPLETED = "completed"
-            TRUNCATED = "truncated"
-            ABORTED = "aborted"
-
-        group_index: int | None = None
-        index: int | None = None
-        prompt: str = ""
-        tokens: list[int] = field(default_factory=list)
-        response: str = ""
-        response_length: int = 0
-        label: str | None = None
-        reward: float | None = None
-        loss_mask: list[int] | None = None
-        weight_versions: list[str] = field(default_factory=list)
-        rollout_log_probs: list[float] | None = None
-        status: Status = Status.PENDING
-        metadata: dict = field(default_factory=dict)
-
-    server, (fix_row, _) = scripted
-    u = urlparse(server.url)
-    args = SimpleNamespace(hf_checkpoint=str(tiny_model_dir), sglang_router_ip=u.hostname,
-                           sglang_router_port=u.port, swarl_pool_url=pool_server.url,
-                           swarl_envd_token=pool_server.token, swarl_api_key=server.api_key)
-    s = Sample(group_index=0, index=0, prompt=fix_row["problem_statement"],
-               metadata={"instance": fix_row, "data_source": "swarl-test"})
-    out = await generate(args, s, {"temperature": 1.0, "max_new_tokens": 256})
-    assert out.status == Sample.Status.COMPLETED and out.reward == 1.0
-    assert await reward_func(args, out) == 1.0
-    assert len(out.loss_mask) == len(out.rollout_log_probs) == out.response_length
-    assert out.response_length < len(out.tokens) and sum(out.loss_mask) > 0
-    assert out.weight_versions == ["0", "0"] and out.metadata["swarl"]["resolved"]
-    assert "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in out.response
-    # an outage: no -1, the sample is marked and masked
-    monkeypatch.setattr(args, "swarl_pool_url", "http://127.0.0.1:9")
-    bad = await generate(args, Sample(group_index=0, index=1, metadata={"instance": fix_row}), {})
-    assert bad.reward == 0.0 and bad.metadata["swarl"]["masked"]
-    assert bad.status == Sample.Status.ABORTED
 
 
 @pytest.mark.slow

@@ -1,0 +1,139 @@
+"""One leased episode, the same for the actor, `swarl eval` and the slime plug-in: a container
+leased from the envd pool for the row's image → the agent loop → evaluation in a fresh container →
+reward → samples. The lease is heartbeated while held and always closed; the trajectory is always
+written (when there is a directory for it), also for an episode that failed, with its error.
+
+The tokenizer is resolved here and nowhere else: the configured directory, else the
+`tokenizer_path` the inference server reports on /get_model_info; each directory is loaded once
+per process, off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from actors.agent import Agent
+from actors.backends import PoolEnv, ServerPolicy
+from actors.config import ActorConfig
+from actors.encoding import ChatEncoder
+from actors.episode import EpisodeJob, EpisodeResult, make_agent, run_episode
+from actors.protocols import InfraError
+from actors.templates import PromptTemplates, load_templates
+from common.logs import get_logger
+from envd.client import EnvError, EnvRequestError, Lease, PoolClient
+
+log = get_logger("actors.leased")
+
+_ENCODERS: dict[str, ChatEncoder] = {}
+_ENCODERS_LOCK = threading.Lock()   # loads run in worker threads, possibly from several loops
+
+
+def load_encoder(path: str) -> ChatEncoder:
+    """The encoder of a tokenizer directory, loaded once per process. Blocking: call it in a
+    thread (a loop blocked for seconds lets running episodes' claims and leases lapse)."""
+    with _ENCODERS_LOCK:
+        if path not in _ENCODERS:
+            from transformers import AutoTokenizer
+
+            _ENCODERS[path] = ChatEncoder(AutoTokenizer.from_pretrained(path))
+        return _ENCODERS[path]
+
+
+class LeasedEpisodes:
+    """Runs episodes on pool leases with one config, one tokenizer and one trajectory directory.
+
+    `owner` names the leases in the pool (actor id, "swarl-eval", "slime"); `tokenizer` is the
+    configured directory (None: ask the server); `traj_dir` None writes no trajectories."""
+
+    def __init__(self, cfg: ActorConfig, pool: PoolClient, *, owner: str, tokenizer: str | None,
+                 traj_dir: Path | None, templates: PromptTemplates | None = None) -> None:
+        self.cfg, self.pool, self.owner = cfg, pool, owner
+        self.tokenizer = tokenizer
+        self.traj_dir = traj_dir
+        self.templates = templates or load_templates(cfg.prompts)
+        self._path_lock = asyncio.Lock()
+
+    async def encoder(self, policy: ServerPolicy | None) -> ChatEncoder:
+        """The episode's encoder: the configured tokenizer, else the server's (asked once)."""
+        async with self._path_lock:
+            if not self.tokenizer and policy is not None:
+                info = await policy.model_info()
+                self.tokenizer = info.get("tokenizer_path") or info.get("model_path") or None
+            path = self.tokenizer
+        if not path or not await asyncio.to_thread(os.path.isdir, path):
+            raise InfraError("tokenizer_missing", f"no local tokenizer directory at {path!r} "
+                             "(set actor.tokenizer)")
+        return await asyncio.to_thread(load_encoder, path)
+
+    async def run(self, job: EpisodeJob, policy: ServerPolicy, pinned_version: int | None,
+                  meta: dict[str, Any] | None = None) -> EpisodeResult:
+        """One episode of `job` with `policy` (pinned_version None: no weight-version check).
+        InfraError for any infrastructure failure; `meta` goes to the trajectory's meta.json."""
+        agent: Agent | None = None
+        ep: EpisodeResult | None = None
+        error: BaseException | None = None
+        try:
+            encoder = await self.encoder(policy)
+            async with self._lease(job) as lease:
+                env = PoolEnv(self.pool, lease, job.instance, self.cfg.cwd, self.cfg.exec_env)
+                agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version)
+                ep = await run_episode(agent, job)
+            return ep
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            if self.traj_dir is not None:
+                # shielded: a cancelled episode (SIGTERM) still leaves its trajectory
+                path = await asyncio.shield(self._save(job, agent, ep, error, meta or {}))
+                if ep is not None:
+                    ep.traj_dir = path
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, job: EpisodeJob) -> Any:
+        image = job.image
+        try:
+            lease = await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
+                                             owner=self.owner)
+        except (EnvError, EnvRequestError) as e:  # a missing image is infrastructure too
+            raise InfraError("allocate_failed", f"{image}: {e}") from e
+        beat = asyncio.create_task(self._heartbeat(lease))
+        try:
+            yield lease
+        finally:
+            await asyncio.shield(self._release(beat, lease))
+
+    async def _heartbeat(self, lease: Lease) -> None:
+        """Every request renews the lease; this keeps it through a long generation."""
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            with contextlib.suppress(EnvError, EnvRequestError):
+                await self.pool.heartbeat(lease.lease_id)
+
+    async def _release(self, beat: asyncio.Task[None], lease: Lease) -> None:
+        beat.cancel()
+        with contextlib.suppress(BaseException):
+            await beat
+        try:
+            await asyncio.wait_for(self.pool.close(lease.lease_id), 30)
+        except Exception as e:  # the pool reaps an unclosed lease when it expires
+            log.warning("lease_close_failed", lease=lease.lease_id, error=f"{type(e).__name__}: {e}")
+
+    async def _save(self, job: EpisodeJob, agent: Agent | None, ep: EpisodeResult | None,
+                    error: BaseException | None, meta: dict[str, Any]) -> Path | None:
+        from actors.artifacts import write_trajectory
+
+        assert self.traj_dir is not None
+        full = {"owner": self.owner, "tokenizer": self.tokenizer,
+                "weight_versions": [s.weight_version for s in agent.steps] if agent else [],
+                "sampling": self.cfg.sampling.model_dump(),
+                "config": self.cfg.model_dump(exclude={"inference_api_key"}), **meta}
+        try:
+            return await asyncio.to_thread(write_trajectory, self.traj_dir, job, agent, ep, error, full)
+        except OSError as e:  # artifacts are for humans; a full disk must not lose the samples
+            log.warning("trajectory_not_saved", job_id=job.job_id, error=str(e))
+            return None
