@@ -70,7 +70,7 @@ async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str 
     from actors.episode import EpisodeJob, image_of
     from actors.leased import LeasedEpisodes
     from actors.protocols import InfraError
-    from envd.client import PoolClient
+    from envd.client import EnvdClient
 
     for row in rows:
         image_of(row)
@@ -78,7 +78,7 @@ async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     done = _done_keys(results_path)
-    pool = PoolClient(target.pool_url, target.pool_token, allocate_wait_s=actor_cfg.allocate_wait_s)
+    pool = EnvdClient.pool(target.pool_url, target.pool_token, allocate_wait_s=actor_cfg.allocate_wait_s)
     episodes = LeasedEpisodes(actor_cfg, pool, owner="swarl-eval", tokenizer=target.tokenizer, traj_dir=out)
     sem = asyncio.Semaphore(max_concurrent)
     write_lock = asyncio.Lock()

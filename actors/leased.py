@@ -24,7 +24,7 @@ from actors.episode import EpisodeJob, EpisodeResult, make_agent, run_episode
 from actors.protocols import InfraError
 from actors.templates import PromptTemplates, load_templates
 from common.logs import get_logger
-from envd.client import EnvError, EnvRequestError, Lease, PoolClient
+from envd.client import EnvdClient, EnvError, EnvRequestError, Lease
 
 log = get_logger("actors.leased")
 
@@ -49,7 +49,7 @@ class LeasedEpisodes:
     `owner` names the leases in the pool (actor id, "swarl-eval", "slime"); `tokenizer` is the
     configured directory (None: ask the server); `traj_dir` None writes no trajectories."""
 
-    def __init__(self, cfg: ActorConfig, pool: PoolClient, *, owner: str, tokenizer: str | None,
+    def __init__(self, cfg: ActorConfig, pool: EnvdClient, *, owner: str, tokenizer: str | None,
                  traj_dir: Path | None, templates: PromptTemplates | None = None) -> None:
         self.cfg, self.pool, self.owner = cfg, pool, owner
         self.tokenizer = tokenizer

@@ -30,7 +30,7 @@ class Rollouts:
         from broker.admission import Admission
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.replay import ReplayWriter
-        from envd.client import PoolClient
+        from envd.client import EnvdClient
 
         self.rt, self.a, self.redis = rt, rt.actor, redis
         self.keys = rt.keys
@@ -43,7 +43,7 @@ class Rollouts:
         self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
         if not rt.pool_url:
             raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
-        self.pool = PoolClient(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
+        self.pool = EnvdClient.pool(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
         self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
                                        traj_dir=rt.traj_dir if self.a.save_trajectories else None)
         self.api_key = self.a.inference_api_key or os.environ.get("SWARL_INFERENCE_API_KEY")

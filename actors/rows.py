@@ -7,12 +7,8 @@ from typing import Any
 
 
 def file_row(row: Any, data_source: str | None = None) -> dict[str, Any]:
-    """The row, validated, with `image_name`; a ValueError naming the first bad field."""
-    # envd's row check and image naming: the one call to switch to envd/rows.py's validator
-    from envd.images import image_for
-    from envd.swe_eval import normalize_instance
+    """The row, validated by envd's row model, with `image_name`; a ValueError (envd's
+    RowError) naming the first bad field."""
+    from envd.rows import validate_row
 
-    out = normalize_instance(row)
-    if not out.get("image_name"):
-        out["image_name"] = image_for(out, data_source)
-    return out
+    return validate_row(row, data_source)

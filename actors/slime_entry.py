@@ -63,7 +63,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     from actors.episode import EpisodeJob
     from actors.leased import LeasedEpisodes
     from actors.rows import file_row
-    from envd.client import PoolClient
+    from envd.client import EnvdClient
 
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
     if not isinstance(meta.get("instance"), dict):
@@ -77,7 +77,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     gidx, idx = sample.group_index, sample.index
     iid = instance["instance_id"]
     job = EpisodeJob(f"slime:{iid}:{gidx}:{idx}", instance, f"{iid}:{gidx}", int(idx or 0))
-    pool = PoolClient(pool_url, _setting(args, "swarl_envd_token", "SWARL_ENVD_TOKEN"),
+    pool = EnvdClient.pool(pool_url, _setting(args, "swarl_envd_token", "SWARL_ENVD_TOKEN"),
                       allocate_wait_s=cfg.allocate_wait_s)
     policy = ServerPolicy(url, _setting(args, "swarl_api_key", "SWARL_INFERENCE_API_KEY"),
                           cfg.generate_timeout_s)

@@ -88,7 +88,7 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
     import docker
 
     from broker.registry import ServerRegistry
-    from envd.client import PoolClient
+    from envd.client import EnvdClient
     from envd.docker_backend import LABEL_LEASE
 
     pool = pool_factory([envd_server.url], redis_url, sets=["pool.lease_ttl_s=15", "pool.reap_interval_s=1"])
@@ -98,7 +98,7 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
         redis_url, tmp_path / "run", pool.url, pool.token, tiny_model_dir, server.api_key,
         **{"queue.max_tries": 4, "actor.shutdown_grace_s": 1}))
     r = connect(redis_url)
-    pc = PoolClient(pool.url, pool.token)
+    pc = EnvdClient.pool(pool.url, pool.token)
     procs = []
     try:
         (job_id,) = await _enqueue(redis_url, rows, 1)
