@@ -23,6 +23,7 @@ vocab-parallel: embedding and output layer).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,61 @@ import torch
 SUPPORTED = ("qwen2", "qwen3", "llama")
 
 
+# RoPE variants megatron-core's GPTModel expresses: plain (rotary_base), linear position
+# interpolation (seq_len_interpolation_factor) and Llama-3.x scaling (rope_scaling with
+# rope_scaling_factor; RotaryEmbedding fixes low_freq_factor 1, high_freq_factor 4 and an
+# original context of 8192 positions)
+ROPE_TYPES = ("default", "linear", "llama3")
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclass(frozen=True)
+class Rope:
+    theta: float = 10000.0
+    kind: str = "default"  # one of ROPE_TYPES
+    factor: float = 1.0
+
+
+def _field(hf: Any, key: str) -> Any:
+    """A config field from a transformers config object or a raw config.json dict."""
+    return hf.get(key) if isinstance(hf, Mapping) else getattr(hf, key, None)
+
+
+def rope_from_hf(hf: Any) -> Rope:
+    """RoPE from transformers-5's `rope_parameters` or transformers-4's `rope_theta` +
+    `rope_scaling` (config objects or config.json dicts); a variant GPTModel cannot express is
+    refused, never dropped (the learner's logprobs would silently differ from the server's)."""
+    params = _field(hf, "rope_parameters")
+    if params is not None and not isinstance(params, Mapping):
+        raise ValueError(f"rope_parameters {params!r}: expected a dict")
+    if params and all(isinstance(v, Mapping) for v in params.values()):
+        raise ValueError(f"rope_parameters per layer type ({', '.join(params)}): the megatron "
+                         "backend builds one RoPE for every layer")
+    if not params:  # transformers 4.x: theta at the top level, scaling beside it
+        params = {**(_field(hf, "rope_scaling") or {}), "rope_theta": _field(hf, "rope_theta")}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    theta = float(params.get("rope_theta") or _field(hf, "rope_theta") or 10000.0)
+    partial = params.get("partial_rotary_factor", _field(hf, "partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor {partial}: the megatron backend rotates whole heads")
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type {kind!r}: megatron-core's GPTModel expresses "
+                         f"{', '.join(ROPE_TYPES)} RoPE only; this model cannot be trained by the "
+                         "megatron backend (use learner.backend=torch)")
+    factor = float(params.get("factor") or 1.0)
+    if kind == "llama3":
+        wrong = {k: params.get(k) for k, v in _LLAMA3_FIXED.items() if float(params.get(k, v)) != v}
+        if wrong:
+            raise ValueError(f"rope_type 'llama3' with {wrong}: megatron-core's RotaryEmbedding "
+                             f"fixes {_LLAMA3_FIXED}")
+    if kind == "linear" and factor == 1.0:
+        kind = "default"
+    return Rope(theta=theta, kind=kind, factor=factor)
+
+
 @dataclass(frozen=True)
 class Arch:
-    """The shape facts the conversion needs, read from an HF config."""
+    """The shape facts the conversion needs, read from an HF config (object or config.json dict)."""
 
     model_type: str
     num_layers: int
@@ -46,31 +99,26 @@ class Arch:
     tied: bool
     qkv_bias: bool
     qk_norm: bool
-    rope_theta: float
+    rope: Rope
     norm_eps: float
     max_pos: int
 
     @classmethod
     def from_hf(cls, hf: Any) -> Arch:
-        mt = hf.model_type
+        mt = _field(hf, "model_type")
         if mt not in SUPPORTED:
             raise ValueError(f"model_type {mt!r}: the megatron backend converts {', '.join(SUPPORTED)}")
-        rope = getattr(hf, "rope_parameters", None) or {}
-        rtype = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-        if rtype != "default":
-            raise ValueError(f"rope_type {rtype!r}: only default RoPE converts to megatron-core here")
-        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-        theta = theta or getattr(hf, "rope_theta", None) or 10000.0
-        heads = hf.num_attention_heads
+        heads = int(_field(hf, "num_attention_heads"))
+        hidden = int(_field(hf, "hidden_size"))
         return cls(
-            model_type=mt, num_layers=hf.num_hidden_layers, hidden=hf.hidden_size, heads=heads,
-            groups=getattr(hf, "num_key_value_heads", None) or heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            ffn=hf.intermediate_size, vocab=hf.vocab_size,
-            tied=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=mt == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-            qk_norm=mt == "qwen3", rope_theta=float(theta), norm_eps=float(hf.rms_norm_eps),
-            max_pos=hf.max_position_embeddings)
+            model_type=mt, num_layers=int(_field(hf, "num_hidden_layers")), hidden=hidden, heads=heads,
+            groups=int(_field(hf, "num_key_value_heads") or heads),
+            head_dim=int(_field(hf, "head_dim") or hidden // heads),
+            ffn=int(_field(hf, "intermediate_size")), vocab=int(_field(hf, "vocab_size")),
+            tied=bool(_field(hf, "tie_word_embeddings")),
+            qkv_bias=mt == "qwen2" or bool(_field(hf, "attention_bias")),
+            qk_norm=mt == "qwen3", rope=rope_from_hf(hf), norm_eps=float(_field(hf, "rms_norm_eps")),
+            max_pos=int(_field(hf, "max_position_embeddings")))
 
 
 def _names(te: bool, i: int) -> dict[str, str]:
@@ -134,33 +182,52 @@ def hf_to_megatron(hf_sd: dict[str, torch.Tensor], a: Arch, te: bool = False,
     return out
 
 
+def megatron_names(a: Arch, te: bool = False) -> list[str]:
+    """Every Megatron tensor of the model (global layer numbering), in HF order."""
+    names = ["embedding.word_embeddings.weight"]
+    for i in range(a.num_layers):
+        n = _names(te, i)
+        keys = ["in_norm", "qkv", *(["qkv_bias"] if a.qkv_bias else []), "proj",
+                *(["q_norm", "k_norm"] if a.qk_norm else []), "mlp_norm", "fc1", "fc2"]
+        names += [n[k] for k in keys]
+    names.append("decoder.final_layernorm.weight")
+    if not a.tied:
+        names.append("output_layer.weight")
+    return names
+
+
+def megatron_tensor_to_hf(name: str, t: torch.Tensor, a: Arch,
+                          te: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """One full Megatron tensor -> its HF tensors (fused qkv and fc1 split; vocab padding cut),
+    so that weights can be converted one tensor at a time."""
+    if name == "embedding.word_embeddings.weight":
+        return [("model.embed_tokens.weight", t[: a.vocab])]
+    if name == "output_layer.weight":
+        return [("lm_head.weight", t[: a.vocab])]
+    if name == "decoder.final_layernorm.weight":
+        return [("model.norm.weight", t)]
+    i = int(name.split(".")[2])
+    h = f"model.layers.{i}."
+    role = {v: k for k, v in _names(te, i).items()}.get(name)
+    if role in ("qkv", "qkv_bias"):
+        kind = "weight" if role == "qkv" else "bias"
+        q, k, v = split_qkv(t, a)
+        return [(f"{h}self_attn.q_proj.{kind}", q), (f"{h}self_attn.k_proj.{kind}", k),
+                (f"{h}self_attn.v_proj.{kind}", v)]
+    if role == "fc1":
+        gate, up = torch.chunk(t, 2, dim=0)
+        return [(h + "mlp.gate_proj.weight", gate.contiguous()), (h + "mlp.up_proj.weight", up.contiguous())]
+    single = {"in_norm": "input_layernorm.weight", "proj": "self_attn.o_proj.weight",
+              "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+              "mlp_norm": "post_attention_layernorm.weight", "fc2": "mlp.down_proj.weight"}
+    if role not in single:
+        raise KeyError(f"{name}: not a Megatron tensor of a {a.model_type} model")
+    return [(h + single[role], t)]
+
+
 def megatron_to_hf(mg_sd: dict[str, torch.Tensor], a: Arch, te: bool = False) -> dict[str, torch.Tensor]:
     """Inverse of hf_to_megatron (vocab padding removed); a tied model gets no lm_head entry."""
-    out: dict[str, torch.Tensor] = {}
-    out["model.embed_tokens.weight"] = mg_sd["embedding.word_embeddings.weight"][: a.vocab]
-    for i in range(a.num_layers):
-        h = f"model.layers.{i}."
-        n = _names(te, i)
-        out[h + "input_layernorm.weight"] = mg_sd[n["in_norm"]]
-        q, k, v = split_qkv(mg_sd[n["qkv"]], a)
-        out[h + "self_attn.q_proj.weight"], out[h + "self_attn.k_proj.weight"] = q, k
-        out[h + "self_attn.v_proj.weight"] = v
-        if a.qkv_bias:
-            qb, kb, vb = split_qkv(mg_sd[n["qkv_bias"]], a)
-            out[h + "self_attn.q_proj.bias"], out[h + "self_attn.k_proj.bias"] = qb, kb
-            out[h + "self_attn.v_proj.bias"] = vb
-        out[h + "self_attn.o_proj.weight"] = mg_sd[n["proj"]]
-        if a.qk_norm:
-            out[h + "self_attn.q_norm.weight"] = mg_sd[n["q_norm"]]
-            out[h + "self_attn.k_norm.weight"] = mg_sd[n["k_norm"]]
-        out[h + "post_attention_layernorm.weight"] = mg_sd[n["mlp_norm"]]
-        gate, up = torch.chunk(mg_sd[n["fc1"]], 2, dim=0)
-        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.contiguous(), up.contiguous()
-        out[h + "mlp.down_proj.weight"] = mg_sd[n["fc2"]]
-    out["model.norm.weight"] = mg_sd["decoder.final_layernorm.weight"]
-    if not a.tied:
-        out["lm_head.weight"] = mg_sd["output_layer.weight"][: a.vocab]
-    return out
+    return {k: v for name in megatron_names(a, te) for k, v in megatron_tensor_to_hf(name, mg_sd[name], a, te)}
 
 
 def _pad_vocab(t: torch.Tensor, padded: int | None) -> torch.Tensor:

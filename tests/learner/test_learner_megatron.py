@@ -1,17 +1,11 @@
 """The megatron backend on CPU: HF -> Megatron -> HF is bit-exact, and on the same weights and
 batch the per-token logprobs, loss and gradients (mapped back to HF names) match the torch
-backend.
-
-megatron-core allocates on CUDA in three spots that this CPU-only machine replaces inside these
-tests only: GlobalMemoryBuffer.get_tensor, CudaRNGStatesTracker.fork, and torch.cuda.current_device
-(RotaryEmbedding.get_emb moves inv_freq to it). Megatron's causal default mask is built on
-CUDA too; the backend always passes an explicit mask.
+backend. megatron-core's CUDA-only spots are answered by learner.backends.megatron_cpu (the
+backend opens it itself when CUDA is absent); these tests run one process, the multi-rank ones
+are in test_megatron_ranks.py.
 """
 
 from __future__ import annotations
-
-import contextlib
-import warnings
 
 import numpy as np
 import pytest
@@ -34,30 +28,17 @@ from learner.train import train_step
 
 @pytest.fixture(scope="module")
 def megatron_cpu():
+    """One process: the backend sets up a one-rank group and Megatron's groups; torn down here
+    so other test modules start without them."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core import utils as mu
-    from megatron.core.tensor_parallel import random as mr
 
-    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
-        return torch.empty(tuple(tensor_shape), dtype=dtype)
-
-    @contextlib.contextmanager
-    def fork(self, name=None):
+    try:
         yield
-
-    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mp.setattr(mu.GlobalMemoryBuffer, "get_tensor", get_tensor)
-        mp.setattr(mr.CudaRNGStatesTracker, "fork", fork)
-        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-        from learner.backends.megatron_backend import init_parallel
-
-        init_parallel(LearnerConfig())
-        try:
-            yield
-        finally:
+    finally:
+        if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
+        if dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -150,7 +131,9 @@ def test_megatron_matches_torch_backend(megatron_cpu, small_model_dir, untied_mo
 
         def step(be=be, name=name, orig=orig):
             if name == "megatron":
-                g = {n: p.grad for n, p in be.model.named_parameters() if p.grad is not None}
+                # after the schedule (and its finalize) the step's gradient is in Megatron's
+                # grad buffer, param.main_grad
+                g = {n: p.main_grad.clone() for n, p in be.model.named_parameters()}
                 grads[name] = megatron_to_hf(g, be.arch)
             else:
                 grads[name] = {n: p.grad.clone() for n, p in be.model.named_parameters()}
@@ -165,7 +148,7 @@ def test_megatron_matches_torch_backend(megatron_cpu, small_model_dir, untied_mo
     for k in grads["torch"]:
         torch.testing.assert_close(grads["megatron"][k], grads["torch"][k], atol=1e-5, rtol=1e-3)
     # and after the same AdamW step the weights agree
-    after_m, after_t = mg.hf_state(), dict(tb.named_tensors())
+    after_m, after_t = mg.hf_state(), dict(tb.publish_tensors())
     for k in after_t:
         torch.testing.assert_close(after_m[k], after_t[k], atol=1e-5, rtol=1e-4)
 
@@ -181,7 +164,7 @@ def test_megatron_checkpoint_round_trip(megatron_cpu, small_model_dir, tmp_path)
     b.load(tmp_path / "ck")
     # the saved model is an HF checkpoint the torch backend (and inference servers) load
     t = TorchBackend(cfg, tmp_path / "ck" / "model")
-    for (k, v), (k2, v2) in zip(sorted(a.hf_state().items()), sorted(t.named_tensors()), strict=True):
+    for (k, v), (k2, v2) in zip(sorted(a.hf_state().items()), sorted(t.publish_tensors()), strict=True):
         assert k == k2 and torch.equal(v, v2)
     train_step(a, batch(1), cfg)
     train_step(b, batch(1), cfg)
