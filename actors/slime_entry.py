@@ -4,7 +4,8 @@ swarl's agent loop, envd pool and SWE grading:
     --custom-rm-path actors.slime_entry.reward_func        (best with --group-rm, see below)
 
 `generate(args, sample, sampling_params)` runs one episode for `sample.metadata["instance"]` (a
-prepared row: {"text", "metadata": {"instance": row, "data_source"}}) against the SGLang router
+prepared row: {"text", "metadata": {"instance": row, "data_source"}}, checked by envd's row model:
+a bad one is a ValueError naming the field) against the SGLang router
 (`args.sglang_router_ip/port`) and the envd pool (`args.swarl_pool_url` or SWARL_POOL_URL, token
 `args.swarl_envd_token` or SWARL_ENVD_TOKEN), and returns slime's Sample:
 - an episode to train: tokens = prompt + response, response_length, loss_mask and
@@ -62,13 +63,14 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     from actors.backends import ServerPolicy
     from actors.episode import EpisodeJob
     from actors.leased import LeasedEpisodes
-    from actors.rows import file_row
     from envd.client import EnvdClient
+    from envd.rows import validate_row
 
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
     if not isinstance(meta.get("instance"), dict):
         raise ValueError("sample.metadata.instance: expected a SWE row (an object)")
-    instance = file_row(meta["instance"], meta.get("data_source"))
+    # checked once, as every row swarl runs is; the row's image is fixed here
+    instance = validate_row(meta["instance"], meta.get("data_source"), where="sample.metadata.instance")
     pool_url = _setting(args, "swarl_pool_url", "SWARL_POOL_URL")
     if not pool_url:
         raise ValueError("swarl_pool_url: not set (args.swarl_pool_url or SWARL_POOL_URL)")
