@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from actors.config import ActorConfig
@@ -74,7 +74,6 @@ class AgentResult:
     steps: list[StepRecord]
     messages: list[dict[str, str]]
     conversation: TokenConversation
-    timings: dict[str, float] = field(default_factory=dict)
     format_errors: int = 0
 
 
@@ -100,7 +99,6 @@ class Agent:
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         self.conv = TokenConversation(
             self.enc, system, user, lambda n: self.t.render("context_marker", n_omitted=n))
-        t0 = time.monotonic()
         patch = ""
         try:
             async with asyncio.timeout(self.cfg.episode_timeout_s):
@@ -112,11 +110,10 @@ class Agent:
             ending = e.kind
         except TimeoutError:
             ending = "time"
-        wall = time.monotonic() - t0
         if ending != "submitted":
             patch = await self._diff()
         self.result = AgentResult(ending, patch, self.steps, self.messages, self.conv,
-                                  {"agent_time": wall}, self.format_errors)
+                                  self.format_errors)
         return self.result
 
     async def step(self) -> None:

@@ -73,6 +73,3 @@ class PoolEnv:
         return EvalOutcome(r.resolved, r.error, r.timed_out, r.output,
                            {"tests_status": r.tests_status, "fail_to_pass": r.fail_to_pass,
                             "pass_to_pass": r.pass_to_pass, "returncode": r.returncode})
-
-    async def close(self) -> None:
-        await self.pool.close(self.lease.lease_id)
