@@ -350,7 +350,8 @@ class MegatronBackend:
                 full = unshard_tp(name, shards) if shards is not None else None
             if leader and full is not None:
                 for hf_name, t in megatron_tensor_to_hf(name, full, self.arch, self.te):
-                    yield hf_name, t.cpu()
+                    # a copy: the weights at publish time, whatever training does next
+                    yield hf_name, t.to("cpu", copy=True)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """COLLECTIVE: the whole model in HF naming on global rank 0 (empty elsewhere)."""

@@ -1,0 +1,148 @@
+"""The megatron backend on two gloo ranks (torchrun, real processes) against one rank, on the
+same fixed samples: data parallel 2 with and without the distributed optimizer (gradient
+reduction overlapped with the backward, in several buckets, and not overlapped) and tensor
+parallel 2. Three optimizer steps whose number of micro-batches differs from step to step and
+between data-parallel ranks; per-token logprobs after every step and the final weights within
+1e-4 of one rank's (fp32); the published weights equal the HF weights they came from and the
+torch backend's; a checkpoint saved on two ranks and loaded on two new ones continues exactly.
+Each layout runs once per session (tests/learner/megatron_worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from learner.backends.megatron_backend import load_hf_state
+from learner.backends.torch_backend import TorchBackend
+from learner.config import LearnerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "megatron_worker.py"
+TOL = 1e-4
+# name -> worker arguments
+LAYOUTS: dict[str, list[str]] = {
+    "dp2": ["--set", "use_distributed_optimizer=false", "--bucket-size", "10000"],
+    "dp2_distopt": ["--set", "use_distributed_optimizer=true", "--bucket-size", "10000"],
+    "dp2_distopt_sync": ["--set", "use_distributed_optimizer=true", "--set", "overlap_grad_reduce=false"],
+    "tp2": ["--set", "tensor_parallel=2"],
+}
+RESUMED = ("dp2", "dp2_distopt", "tp2")
+
+
+def run_worker(out: Path, model: Path, args: list[str], nproc: int) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(WORKER), "--model", str(model), "--out", str(out), *args]
+    if nproc > 1:
+        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"{' '.join(args)}: exit {res.returncode}\n{res.stderr[-3000:]}"
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def odd_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Untied, vocabulary 500: under tensor parallelism Megatron pads it to 512."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0.0, 0.08)
+    out = tmp_path_factory.mktemp("odd-vocab")
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(small_model_dir: Path, odd_vocab_model: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> dict[str, dict[str, Any]]:
+    """One rank, every two-rank layout (saving a checkpoint after step 2), and the resumed runs
+    (new processes: load that checkpoint, take step 3)."""
+    d = tmp_path_factory.mktemp("megatron-ranks")
+    probe = ["--probe-model", str(odd_vocab_model)]
+    out = {"one": run_worker(d / "one.pt", small_model_dir, probe, 1)}
+    for name, args in LAYOUTS.items():
+        ck = d / f"ck-{name}"
+        out[name] = run_worker(d / f"{name}.pt", small_model_dir,
+                               [*args, *probe, "--save-at", "2", "--ckpt", str(ck)], 2)
+        out[name]["ckpt"] = ck
+        if name in RESUMED:
+            out[f"{name}_resumed"] = run_worker(d / f"{name}-resumed.pt", small_model_dir,
+                                                [*args, "--resume", str(ck), "--first-step", "3"], 2)
+    return out
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_ranks_train_as_one(runs: dict[str, dict[str, Any]], layout: str) -> None:
+    one, two = runs["one"], runs[layout]
+    counts = two["mb_counts"]
+    if layout.startswith("dp"):
+        assert two["dp_size"] == 2
+        # the premise: ranks reduce once per step after different numbers of micro-batches
+        assert any(len({n for _, n in counts[s]}) > 1 for s in counts)
+    else:
+        assert two["dp_size"] == 1 and all(len({n for _, n in counts[s]}) == 1 for s in counts)
+    assert len({n for s in one["mb_counts"] for _, n in one["mb_counts"][s]}) > 1  # per step, too
+    for step in (1, 2, 3):
+        assert float((one["logprobs"][step] - two["logprobs"][step]).abs().max()) <= TOL, step
+        assert two["stats"][step]["grad_norm"] == pytest.approx(one["stats"][step]["grad_norm"], rel=1e-5)
+        assert two["stats"][step]["lr"] == one["stats"][step]["lr"]
+    # training moved the weights well beyond the tolerance, and both the same way
+    assert max_diff(one["params"], one["params_start"]) > 10 * TOL
+    assert max_diff(one["params"], two["params"]) <= TOL
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_published_weights_are_the_hf_weights(runs: dict[str, dict[str, Any]], small_model_dir: Path,
+                                              layout: str) -> None:
+    two = runs[layout]
+    hf = load_hf_state(small_model_dir)
+    assert two["params_start"].keys() == hf.keys()
+    for k, v in hf.items():
+        assert torch.equal(two["params_start"][k], v), k
+    torch_pub = dict(TorchBackend(LearnerConfig(), small_model_dir).publish_tensors())
+    assert torch_pub.keys() == hf.keys()
+    for k, v in torch_pub.items():
+        assert torch.equal(two["params_start"][k], v), k
+
+
+def test_tensor_parallel_cuts_the_padded_vocabulary(runs: dict[str, dict[str, Any]]) -> None:
+    """Vocabulary 500 on two tensor-parallel ranks: 512 logits, of which 12 are padding."""
+    assert runs["tp2"]["probe_model_logprobs"].shape == runs["one"]["probe_model_logprobs"].shape
+    diff = (runs["tp2"]["probe_model_logprobs"] - runs["one"]["probe_model_logprobs"]).abs().max()
+    assert float(diff) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", RESUMED)
+def test_checkpoint_on_two_ranks_continues_exactly(runs: dict[str, dict[str, Any]], layout: str) -> None:
+    straight, resumed = runs[layout], runs[f"{layout}_resumed"]
+    ck: Path = straight["ckpt"]
+    files = sorted(p.name for p in (ck / "optim").iterdir())
+    expect = {"dp2": ["tp0_pp0_dp0.pt"], "dp2_distopt": ["tp0_pp0_dp0.pt", "tp0_pp0_dp1.pt"],
+              "tp2": ["tp0_pp0_dp0.pt", "tp1_pp0_dp0.pt"]}[layout]
+    assert files == expect  # each rank wrote what only it holds
+    assert torch.equal(resumed["logprobs"][3], straight["logprobs"][3])
+    assert resumed["stats"][3]["grad_norm"] == straight["stats"][3]["grad_norm"]
+    assert max_diff(resumed["params"], straight["params"]) == 0.0
+    # the checkpoint's model is an HF directory: the torch backend loads what two ranks publish
+    loaded = dict(TorchBackend(LearnerConfig(), ck / "model").publish_tensors())
+    assert loaded.keys() == resumed["params_start"].keys()
+    for k, v in loaded.items():
+        assert torch.equal(resumed["params_start"][k], v), k
