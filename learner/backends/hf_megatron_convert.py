@@ -59,8 +59,9 @@ def rope_from_hf(hf: Any) -> Rope:
     params = _field(hf, "rope_parameters")
     if params is not None and not isinstance(params, Mapping):
         raise ValueError(f"rope_parameters {params!r}: expected a dict")
-    if params and all(isinstance(v, Mapping) for v in params.values()):
-        raise ValueError(f"rope_parameters per layer type ({', '.join(params)}): the megatron "
+    per_layer = [k for k, v in (params or {}).items() if isinstance(v, Mapping)]
+    if per_layer:
+        raise ValueError(f"rope_parameters per layer type ({', '.join(per_layer)}): the megatron "
                          "backend builds one RoPE for every layer")
     if not params:  # transformers 4.x: theta at the top level, scaling beside it
         params = {**(_field(hf, "rope_scaling") or {}), "rope_theta": _field(hf, "rope_theta")}
