@@ -34,12 +34,23 @@ def init_custom_process_group(
     timeout: timedelta = timedelta(seconds=60),
     prefix_store: bool = True,
 ) -> Any:
-    """A ProcessGroup outside the default group. Both sides must build the store alike: the
-    receiving servers wrap the rendezvous store in PrefixStore(group_name)."""
+    """A ProcessGroup outside the default group, on a TCP store at `init_method`
+    (tcp://host:port) that rank 0 hosts. Both sides must build the store alike: the receiving
+    servers wrap it in PrefixStore(group_name).
+
+    The store is made here rather than by torch's rendezvous(): under torchrun, rendezvous()
+    makes every TCP store a client of the torchrun agent's store (TORCHELASTIC_USE_AGENT_STORE),
+    so a learner started by torchrun would never host its weight-update group."""
+    from urllib.parse import urlparse
+
+    from torch.distributed import TCPStore
     from torch.distributed import distributed_c10d as c10d
 
-    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    url = urlparse(init_method)
+    if url.scheme != "tcp" or not url.hostname or not url.port:
+        raise ValueError(f"init_method {init_method!r}: expected tcp://host:port")
+    store: Any = TCPStore(url.hostname, url.port, world_size, is_master=rank == 0, timeout=timeout,
+                          wait_for_workers=False)
     if prefix_store:
         store = c10d.PrefixStore(group_name, store)
     pg, _ = c10d._new_process_group_helper(
