@@ -23,7 +23,7 @@ from common.http import NOT_SENT, HttpClient
 from envd.schemas import DIFF_TIMEOUT_S
 
 __all__ = ["EnvError", "EnvRequestError", "EnvdClient", "EvalResult", "ExecResult", "Lease",
-           "LeaseLost", "PoolClient"]
+           "LeaseLost"]
 
 # Transport failures sent again: never sent, or the connection dropped before any answer.
 RETRY_ON: tuple[type[Exception], ...] = (*NOT_SENT, httpx.RemoteProtocolError)
@@ -269,6 +269,3 @@ class EnvdClient:
         self._side(False, "healthz")
         return await self.call("GET", "/healthz", timeout_s=timeout_s, retries=0)
 
-
-# Temporary: the actors switch to EnvdClient.pool, then this alias goes.
-PoolClient = EnvdClient.pool
