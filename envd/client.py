@@ -268,4 +268,3 @@ class EnvdClient:
         """The node's /healthz answer; not retried (health checks repeat anyway)."""
         self._side(False, "healthz")
         return await self.call("GET", "/healthz", timeout_s=timeout_s, retries=0)
-
