@@ -1,0 +1,6 @@
+"""The whole system: the actors' service helpers (tests/actors) are shared here."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "actors"))
