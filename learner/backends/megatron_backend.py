@@ -342,16 +342,20 @@ class MegatronBackend:
         for name in megatron_names(self.arch, self.te):
             if not send:
                 continue
-            local = own[name].detach()
-            full: torch.Tensor | None = local
-            if tp_size > 1 and _is_tp_sharded(name):
-                shards = [torch.empty_like(local) for _ in range(tp_size)] if leader else None
-                dist.gather(local.contiguous(), shards, dst=dist.get_global_rank(tp_group, 0), group=tp_group)
+            full: torch.Tensor | None = own[name].detach()
+            gathered = tp_size > 1 and _is_tp_sharded(name)
+            if gathered:
+                assert full is not None
+                shards = [torch.empty_like(full) for _ in range(tp_size)] if leader else None
+                dist.gather(full.contiguous(), shards, dst=dist.get_global_rank(tp_group, 0), group=tp_group)
                 full = unshard_tp(name, shards) if shards is not None else None
+                del shards  # only the full tensor lives on while it is handed out
             if leader and full is not None:
-                for hf_name, t in megatron_tensor_to_hf(name, full, self.arch, self.te):
-                    # a copy: the weights at publish time, whatever training does next
-                    yield hf_name, t.to("cpu", copy=True)
+                # to the CPU before converting (no further device memory), copied unless the
+                # gather made it fresh: the weights at publish time, whatever training does next
+                full = full.to("cpu", copy=not gathered)
+                yield from megatron_tensor_to_hf(name, full, self.arch, self.te)
+            del full
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """COLLECTIVE: the whole model in HF naming on global rank 0 (empty elsewhere)."""

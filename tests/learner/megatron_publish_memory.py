@@ -1,0 +1,105 @@
+"""Peak memory of the megatron backend's publish_tensors on every rank, against the model's size.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        tests/learner/megatron_publish_memory.py --model DIR [--set tensor_parallel=2] [--out FILE]
+
+Measured: the bytes a publish allocates beyond what was allocated before it, at their peak —
+torch.cuda.max_memory_allocated on GPU; on CPU torch.profiler's allocator events (every
+allocation and free of a CPU tensor, summed in order). Two consumers on rank 0: one that reads
+each tensor and drops it (streaming to a server or a file), one that keeps them all (a whole
+snapshot, which is the model's size by construction). Rank 0 prints one JSON line (and writes it
+to FILE): per rank the peaks, the model's size in HF tensors and its largest tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak of the bytes allocated while `fn` runs, net of what was allocated before."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)  # every allocator event, with its signed size
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    live = peak = 0
+    for ev in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        live += int(ev["args"]["Bytes"])
+        peak = max(peak, live)
+    return peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    import torch.distributed as dist
+
+    from common.settings import parse_scalar
+    from learner.backends.megatron_backend import MegatronBackend
+    from learner.config import LearnerConfig
+    from learner.ranks import init_ranks, shutdown
+
+    fields: dict[str, Any] = {"backend": "megatron"}
+    for s in args.sets:
+        k, _, v = s.partition("=")
+        fields[k] = parse_scalar(v)
+    cfg = LearnerConfig.model_validate(fields)
+    ranks = init_ranks(cfg.dist_timeout_s)
+    try:
+        be = MegatronBackend(cfg, args.model)
+        sizes: list[int] = []
+
+        def stream() -> None:  # read each tensor, then let it go
+            for _, t in be.publish_tensors():
+                sizes.append(t.numel() * t.element_size())
+                float(t.sum())
+
+        kept: list[Any] = []
+
+        def keep() -> None:
+            kept.extend(be.publish_tensors())
+
+        mine = {"rank": ranks.rank, "stream_peak": peak_bytes(stream), "keep_peak": peak_bytes(keep)}
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        if ranks.leader:
+            out = {"layout": {"tensor_parallel": cfg.tensor_parallel, "data_parallel": be.dp_size,
+                              "distributed_optimizer": cfg.use_distributed_optimizer},
+                   "model_bytes": sum(sizes), "largest_tensor_bytes": max(sizes), "ranks": every,
+                   "method": "cuda max_memory_allocated" if torch.cuda.is_available()
+                   else "torch.profiler CPU allocator events"}
+            print(json.dumps(out))
+            if args.out:
+                Path(args.out).write_text(json.dumps(out))
+    finally:
+        shutdown(ranks)
+
+
+if __name__ == "__main__":
+    main()
