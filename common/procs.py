@@ -45,27 +45,55 @@ def terminate(popen: subprocess.Popen[bytes], timeout: float = 30.0, group: bool
 
 
 @dataclass
-class Proc:
-    name: str
-    args: list[str]
+class Child:
+    """A child process and its log file (services started by tests, benchmarks and the demo)."""
+
+    proc: subprocess.Popen[bytes]
     log_path: Path
-    popen: subprocess.Popen[bytes]
+
+    @classmethod
+    def spawn(cls, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+              cwd: str | os.PathLike[str] | None = None) -> Child:
+        """Start `argv` in a session of its own, stdout and stderr into `log_path`."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=cwd, start_new_session=True)
+        return cls(proc, log_path)
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (a graceful stop), then SIGKILL after `timeout`."""
+        return terminate(self.proc, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crash, in fault tests)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+@dataclass
+class Proc(Child):
+    """One of a ProcessGroup's `swarl` subcommands (its own process group)."""
+
+    name: str = ""
+    args: list[str] = field(default_factory=list)
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
+            os.killpg(self.proc.pid, sig)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        return terminate(self.popen, timeout, group=True)
+        return terminate(self.proc, timeout, group=True)
 
 
 @dataclass
@@ -81,7 +109,7 @@ class ProcessGroup:
         with open(log_path, "ab") as f:
             popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=full_env, start_new_session=True)
-        p = Proc(name, args, log_path, popen)
+        p = Proc(popen, log_path, name, args)
         self.procs.append(p)
         log.info("started", name=name, pid=popen.pid, log=log_path)
         return p
@@ -99,8 +127,8 @@ class ProcessGroup:
     def check(self) -> None:
         """Raise if any process died (with the end of its log)."""
         for p in self.procs:
-            if not p.alive() and p.popen.returncode not in (0, -signal.SIGTERM):
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; last log lines:\n{p.tail()}")
+            if not p.alive() and p.proc.returncode not in (0, -signal.SIGTERM):
+                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}; last log lines:\n{p.tail()}")
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -116,7 +144,7 @@ def wait_http(url: str, proc: Proc | None = None, timeout: float = 120.0,
     last = ""
     while time.monotonic() < deadline:
         if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode} while starting:\n{proc.tail()}")
+            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode} while starting:\n{proc.tail()}")
         try:
             r = httpx.get(url, headers=headers, timeout=2.0)
             if (ok(r) if ok else r.is_success):

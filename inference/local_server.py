@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from common.procs import terminate
+from common.procs import Child
 from common.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,25 +26,13 @@ START_TIMEOUT_S = 180.0  # a loaded 2-core machine imports torch + transformers 
 
 
 @dataclass
-class CpuServerHandle:
-    url: str
-    api_key: str
-    server_id: str
-    port: int
-    proc: subprocess.Popen
-    log_path: Path
+class CpuServerHandle(Child):
+    """`swarl inference serve` on loopback; stop() is SIGTERM (it drains and deregisters)."""
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (deregisters, releases groups), then SIGKILL if it does not exit in time."""
-        terminate(self.proc, timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    url: str = ""
+    api_key: str = ""
+    server_id: str = ""
+    port: int = 0
 
 
 def start_cpu_server(model_dir: str | os.PathLike, weight_version: str = "0", redis_url: str | None = None,
@@ -95,7 +83,8 @@ def _start(what: str, args: list[str], redis_url: str | None, run_id: str, prefi
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=str(REPO), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    handle = CpuServerHandle(url, key, server_id or f"127.0.0.1:{port}", port, proc, log_path)
+    handle = CpuServerHandle(proc, log_path, url=url, api_key=key,
+                             server_id=server_id or f"127.0.0.1:{port}", port=port)
     deadline = time.monotonic() + START_TIMEOUT_S
     with httpx.Client(timeout=2.0) as http:
         while True:

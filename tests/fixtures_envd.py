@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from common.procs import terminate
+from common.procs import Child
 
 # What conftest's `from fixtures_envd import *` brings in: the fixtures only.
 __all__ = ["envd_factory", "envd_server", "envd_token", "pool_factory", "pool_server", "test_image"]
@@ -111,26 +111,13 @@ def test_image(docker_url: str) -> str:
 
 
 @dataclass
-class ServiceProc:
-    url: str
-    token: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+class ServiceProc(Child):
+    url: str = ""
+    token: str = ""
+    port: int = 0
     node_id: str = ""
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-
-    def stop(self) -> None:
-        terminate(self.proc, 20)
-
-    def kill9(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def _wait_healthy(svc: ServiceProc, timeout: float = 30.0) -> None:
@@ -146,7 +133,7 @@ def _wait_healthy(svc: ServiceProc, timeout: float = 30.0) -> None:
             if r.status_code == 200:
                 return
         time.sleep(0.1)
-    svc.kill9()
+    svc.kill()
     raise RuntimeError(f"{svc.args[:3]} did not answer /healthz in {timeout}s:\n{svc.log()}")
 
 
@@ -164,7 +151,7 @@ def start_service(args: list[str], token: str, log_dir: Path, env: dict[str, str
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True)
     logf.close()
-    svc = ServiceProc(f"http://127.0.0.1:{port}", token, port, proc, log_path, args=cmd,
+    svc = ServiceProc(proc, log_path, url=f"http://127.0.0.1:{port}", token=token, port=port, args=cmd,
                       env=env or {})
     _wait_healthy(svc)
     return svc

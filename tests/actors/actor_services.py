@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from common.procs import terminate
+from common.procs import Child
 from common.services import free_port
 from swarl.config import load_config
 
@@ -51,22 +51,9 @@ def payload(row: dict, group: int = 0, index: int = 0, n: int = 1) -> dict:
 
 
 @dataclass
-class Proc:
-    url: str
-    proc: subprocess.Popen
-    log_path: Path
+class Proc(Child):
+    url: str = ""
     api_key: str = ""
-
-    def stop(self, timeout: float = 20) -> None:
-        terminate(self.proc, timeout)
-
-    def kill9(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: Path,
@@ -84,7 +71,7 @@ def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: P
              "--sleep-s", str(sleep_s)],
             stdout=logf, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
             env={**os.environ, "SWARL_INFERENCE_API_KEY": key, "TOKENIZERS_PARALLELISM": "false"})
-    p = Proc(f"http://127.0.0.1:{port}", proc, log_path, key)
+    p = Proc(proc, log_path, url=f"http://127.0.0.1:{port}", api_key=key)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -94,7 +81,7 @@ def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: P
                          timeout=2).status_code == 200:
                 return p
         time.sleep(0.1)
-    p.kill9()
+    p.kill()
     raise RuntimeError(f"scripted server not healthy:\n{p.log()}")
 
 
@@ -106,7 +93,7 @@ def start_actor(config_path: Path, log_dir: Path, concurrency: int = 1) -> Proc:
         proc = subprocess.Popen([SWARL, "actor", "--config", str(config_path), "-k", str(concurrency)],
                                 stdout=logf, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True, env={**env, "TOKENIZERS_PARALLELISM": "false"})
-    return Proc("", proc, log_path)
+    return Proc(proc, log_path)
 
 
 def actor_sets(redis_url: str, run_dir: Path, pool_url: str, pool_token: str, tokenizer: Path,

@@ -120,7 +120,7 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
         procs.append(second)
         await _wait(lambda: _leases(pc, 1), 90, "the second actor's lease", procs)
         lease_b = (await pc.status())["lease_ids"][0]
-        second.kill9()
+        second.kill()
         third = start_actor(cfg_path, tmp_path / "logs")
         procs.append(third)
         await _wait(lambda: _done(r, 1), 150, "the job done by the third actor", procs)

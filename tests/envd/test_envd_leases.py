@@ -31,7 +31,7 @@ def test_kill9_then_restart_destroys_orphans(envd_factory, test_image, docker_ur
     svc = envd_factory(node_id="test-orphans")
     ids = {_post(svc, "/container/create", {"image": test_image}).json()["container_id"] for _ in range(2)}
     assert ids <= _owned(docker_url, "test-orphans")
-    svc.kill9()
+    svc.kill()
     assert ids <= _owned(docker_url, "test-orphans")  # leaked until envd comes back
     back = envd_factory(node_id="test-orphans", port=svc.port)
     assert _owned(docker_url, "test-orphans") == set()
@@ -46,7 +46,7 @@ def test_redis_leases_keep_live_containers_across_restart(envd_factory, test_ima
     r = redis.Redis.from_url(redis_url)
     key = Keys("swarl", "test").envd_leases("test-redis-leases")
     assert r.zscore(key, keep) > time.time()
-    svc.kill9()
+    svc.kill()
     r.zadd(key, {gone: time.time() - 1})  # this one's lease ran out while envd was down
     back = envd_factory(node_id="test-redis-leases", redis_url=redis_url, port=svc.port)
     assert _owned(docker_url, "test-redis-leases") == {keep}

@@ -74,7 +74,7 @@ async def test_pool_restart_keeps_leases(pool_factory, envd_server, redis_url, t
     lease = await pool.allocate(test_image, "calc-restart")
     await pool.exec(lease.lease_id, "touch /testbed/mark")
     await pool.aclose()
-    first.kill9()
+    first.kill()
     second = pool_factory([envd_server.url], redis_url, port=first.port)
     pool = EnvdClient.pool(second.url, second.token)
     try:

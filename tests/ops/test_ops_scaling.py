@@ -22,7 +22,7 @@ import redis
 import yaml
 
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
-from common.procs import terminate
+from common.procs import Child
 from common.services import free_port
 from swarl.config import load_config
 
@@ -50,21 +50,11 @@ def calc_row(image: str, n: int) -> dict:
     }
 
 
-class Proc:
-    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
-        self.log_path = log
-        with open(log, "wb") as f:
-            self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env=env, start_new_session=True)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 30) -> int:
-        return terminate(self.proc, timeout)
+def spawn(args: list[str], log: Path, env: dict[str, str]) -> Child:
+    return Child.spawn(args, log, env, cwd=REPO)
 
 
-def wait_for(pred, timeout: float, what: str, procs: list[Proc]) -> None:
+def wait_for(pred, timeout: float, what: str, procs: list[Child]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -86,11 +76,11 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
     data.write_text("".join(json.dumps(x) + "\n" for x in rows))
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("SWARL_")}
     base_env["TOKENIZERS_PARALLELISM"] = "false"
-    procs: list[Proc] = []
+    procs: list[Child] = []
     try:
         # the policy: scripted SGLang-API server, registered in Redis as ready
         key, port = secrets.token_hex(8), free_port()
-        server = Proc([sys.executable, "-m", "swarl.cli", "scripted-policy", "serve", "--tokenizer",
+        server = spawn([sys.executable, "-m", "swarl.cli", "scripted-policy", "serve", "--tokenizer",
                        str(tiny_model_dir), "--mode", "fix", "--port", str(port), "--tasks", str(data),
                        "--redis-url", redis_url, "--run-id", "test"], tmp_path / "server.log",
                       {**base_env, "SWARL_INFERENCE_API_KEY": key})
@@ -128,7 +118,7 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
             return r.scard(keys.jobs_done)
 
         actor = [SWARL, "actor", "--config", str(cfg_path), "-k", "1"]
-        a = Proc(actor, tmp_path / "actor-a.log", base_env)
+        a = spawn(actor, tmp_path / "actor-a.log", base_env)
         procs.append(a)
         wait_for(lambda: in_flight() == 1, 120, "actor A's first job", procs)
         alone = []
@@ -139,7 +129,7 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
 
         # a second actor joins the running run and more work arrives: nothing restarts, and
         # two jobs run at once (enqueued after B is up, so A cannot have drained the queue)
-        b = Proc(actor, tmp_path / "actor-b.log", base_env)
+        b = spawn(actor, tmp_path / "actor-b.log", base_env)
         procs.append(b)
         wait_for(lambda: len(r.smembers(keys.actors)) == 2, 120, "actor B registered", procs)
         enqueue(rows[1:])
