@@ -25,15 +25,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from learner.backends.base import LossFn
-from learner.backends.hf_megatron_convert import (
-    Arch,
-    hf_to_megatron,
-    megatron_names,
-    megatron_tensor_to_hf,
-    shard_tp,
-    unshard_tp,
-)
+from learner.backends.hf_megatron_convert import Arch, hf_to_megatron
 from learner.backends.megatron_cpu import maybe_cpu_standins
+from learner.backends.megatron_weights import gather_hf, load_shards
 from learner.backends.torch_backend import DTYPES
 from learner.config import LearnerConfig
 from learner.logprobs import token_logprobs_entropy
@@ -52,9 +46,6 @@ def init_parallel(cfg: LearnerConfig, seed: int = 0) -> None:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1)
     tp, pp, world = cfg.tensor_parallel, cfg.pipeline_parallel, dist.get_world_size()
-    if pp > 1:
-        raise ValueError(f"learner.pipeline_parallel={pp}: the megatron backend trains without "
-                         "pipeline stages (set it to 1; use tensor_parallel and more data-parallel ranks)")
     if world % (tp * pp):
         raise ValueError(f"learner.tensor_parallel={tp} x learner.pipeline_parallel={pp} does not "
                          f"divide the {world} ranks of the learner")
@@ -89,7 +80,12 @@ def transformer_config(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
         bf16=cfg.dtype == "bf16", params_dtype=DTYPES[cfg.dtype], pipeline_dtype=DTYPES[cfg.dtype],
         use_cpu_initialization=cpu, bias_dropout_fusion=not cpu, apply_rope_fusion=not cpu,
         masked_softmax_fusion=not cpu, persist_layer_norm=not cpu,
-        gradient_accumulation_fusion=False, sequence_parallel=False, **recompute)
+        gradient_accumulation_fusion=False, sequence_parallel=False,
+        # micro-batches differ in length: pipeline stages exchange each activation's shape
+        # first (the MoE dispatcher setting only satisfies a check; the model is dense)
+        variable_seq_lengths=cfg.pipeline_parallel > 1,
+        moe_token_dispatcher_type="alltoall" if cfg.pipeline_parallel > 1 else "allgather",
+        **recompute)
 
 
 def build_gpt(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
@@ -144,9 +140,17 @@ class MegatronBackend:
         self.cfg = cfg
         self.cpu = not torch.cuda.is_available()
         self.te = not self.cpu
-        init_parallel(cfg)
         self.hf_config = AutoConfig.from_pretrained(str(model_dir))
         self.arch = Arch.from_hf(self.hf_config)
+        pp = cfg.pipeline_parallel
+        if self.arch.num_layers % pp:
+            raise ValueError(f"learner.pipeline_parallel={pp} does not divide the model's "
+                             f"{self.arch.num_layers} layers")
+        if pp > 1 and cfg.kl_coef and ref_model_dir:
+            raise ValueError(f"learner.kl_coef={cfg.kl_coef} with learner.pipeline_parallel={pp}: "
+                             "the reference model's logprobs would need a pipeline pass of their "
+                             "own; use pipeline_parallel 1 or kl_coef 0")
+        init_parallel(cfg)
         with maybe_cpu_standins():
             self.model = build_gpt(self.arch, cfg, self.cpu)
             self._load_into(self.model, load_hf_state(model_dir))
@@ -230,9 +234,11 @@ class MegatronBackend:
         stats: list[dict[str, float]] = []
 
         def forward_step(data: Iterator[MicroBatch], model: Any) -> tuple[torch.Tensor, Any]:
-            logits, pmb = self._logits(model, next(data))
+            out, pmb = self._forward(model, next(data))
 
-            def loss_func(_output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+                # called on the last pipeline stage only, where `output` is the logits
+                logits = self._slot_logits(output, pmb)
                 lp, ent = token_logprobs_entropy(logits, pmb.targets.to(logits.device),
                                                  self.cfg.rollout_temperature, True)
                 loss, st = loss_fn(lp, ent, pmb)
@@ -240,14 +246,25 @@ class MegatronBackend:
                 stats.append(st)
                 return loss * scale, {}
 
-            return logits, loss_func
+            return out, loss_func
 
-        longest = max(int(mb.input_ids.shape[-1]) for mb in mbs)
         with maybe_cpu_standins():
             get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.ddp],
-                num_microbatches=len(mbs), seq_length=longest, micro_batch_size=1, forward_only=False)
-        return stats
+                num_microbatches=len(mbs), seq_length=max(int(mb.input_ids.shape[-1]) for mb in mbs),
+                micro_batch_size=1, forward_only=False)
+        return self._from_last_stage(stats)
+
+    def _from_last_stage(self, obj: Any) -> Any:
+        """What the last pipeline stage computed, on every stage of the pipeline."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
+                                   group=ps.get_pipeline_model_parallel_group())
+        return box[0]
 
     def step(self) -> dict[str, float]:
         with maybe_cpu_standins():
@@ -263,16 +280,16 @@ class MegatronBackend:
     def _device(self) -> torch.device:
         return torch.device("cpu") if self.cpu else torch.device("cuda", torch.cuda.current_device())
 
-    def _logits(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, MicroBatch]:
-        """Logits [N, vocab] of the micro-batch's slots, and the micro-batch they index (on CPU a
-        packed one is run as padded rows)."""
+    def _forward(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, MicroBatch]:
+        """The model's output for a micro-batch (the logits on the last pipeline stage, hidden
+        states on the others) and the micro-batch it indexes (on CPU a packed one runs as padded
+        rows)."""
         dev = self._device()
         if self.cpu or not mb.packed:
             pmb = mb if not mb.packed else _padded(mb.items)
             assert pmb.attention_mask is not None  # padded rows carry their mask
-            logits = model(input_ids=pmb.input_ids.to(dev), position_ids=pmb.position_ids.to(dev),
-                           attention_mask=_padded_mask(pmb.attention_mask).to(dev))
-            return self._vocab(logits)[pmb.rows.to(dev), pmb.cols.to(dev)], pmb
+            return model(input_ids=pmb.input_ids.to(dev), position_ids=pmb.position_ids.to(dev),
+                         attention_mask=_padded_mask(pmb.attention_mask).to(dev)), pmb
         from megatron.core.packed_seq_params import PackedSeqParams
 
         lens = torch.tensor([len(it.tokens) for it in mb.items], dtype=torch.int32)
@@ -280,9 +297,13 @@ class MegatronBackend:
         cu[1:] = lens.cumsum(0)
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu.to(dev), cu_seqlens_kv=cu.to(dev),
                               max_seqlen_q=int(lens.max()), max_seqlen_kv=int(lens.max()))
-        logits = model(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev),
-                       attention_mask=None, packed_seq_params=psp)
-        return self._vocab(logits)[mb.rows.to(dev), mb.cols.to(dev)], mb
+        return model(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev),
+                     attention_mask=None, packed_seq_params=psp), mb
+
+    def _slot_logits(self, logits: torch.Tensor, pmb: MicroBatch) -> torch.Tensor:
+        """[N, vocab]: the logits of the micro-batch's slots."""
+        dev = logits.device
+        return self._vocab(logits)[pmb.rows.to(dev), pmb.cols.to(dev)]
 
     def _vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[b, s, V/tp] -> [b, s, vocab]: the vocabulary gathered over tensor-parallel ranks and
@@ -296,33 +317,58 @@ class MegatronBackend:
 
     def logprobs(self, mb: MicroBatch, *, grad: bool,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Local to the data-parallel rank; tensor-parallel peers call it together."""
+        """Local to the data-parallel rank: its tensor- and pipeline-parallel peers call it
+        together (with pipeline stages, a forward-only pass of Megatron's schedule whose result
+        the last stage hands to the others; no gradient then)."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            if grad:
+                raise ValueError("logprobs(grad=True) with learner.pipeline_parallel > 1: gradients "
+                                 "flow through train_microbatches")
+            return self._pipelined_logprobs(mb, with_entropy)
         with torch.set_grad_enabled(grad), maybe_cpu_standins():
-            logits, pmb = self._logits(self.model, mb)
-            return token_logprobs_entropy(logits, pmb.targets.to(logits.device),
+            out, pmb = self._forward(self.model, mb)
+            return token_logprobs_entropy(self._slot_logits(out, pmb), pmb.targets.to(out.device),
                                           self.cfg.rollout_temperature, with_entropy)
+
+    def _pipelined_logprobs(self, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        got: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+        def forward_step(data: Iterator[MicroBatch], model: Any) -> tuple[torch.Tensor, Any]:
+            out, pmb = self._forward(model, next(data))
+
+            def keep(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+                lp, ent = token_logprobs_entropy(self._slot_logits(output, pmb), pmb.targets.to(output.device),
+                                                 self.cfg.rollout_temperature, with_entropy)
+                got.append((lp.cpu(), None if ent is None else ent.cpu()))
+                return lp.sum() * 0, {}
+
+            return out, keep
+
+        with torch.no_grad(), maybe_cpu_standins():
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter([mb]), model=[self.ddp],
+                num_microbatches=1, seq_length=int(mb.input_ids.shape[-1]), micro_batch_size=1,
+                forward_only=True)
+        lp, ent = self._from_last_stage(got[0] if got else None)
+        return lp, ent
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
         if self.ref is None:
             return None
         with torch.no_grad(), maybe_cpu_standins():
-            logits, pmb = self._logits(self.ref, mb)
-            return token_logprobs_entropy(logits, pmb.targets.to(logits.device),
+            out, pmb = self._forward(self.ref, mb)
+            return token_logprobs_entropy(self._slot_logits(out, pmb), pmb.targets.to(out.device),
                                           self.cfg.rollout_temperature, False)[0]
 
     # -- weights in HF naming --------------------------------------------------------------
     def _load_into(self, model: Any, hf_sd: dict[str, torch.Tensor]) -> None:
-        """Every rank cuts its tensor-parallel shard from the full HF tensors."""
-        from megatron.core import parallel_state as ps
-
+        """Every rank cuts its shards of its pipeline stage from the full HF tensors."""
         mg = hf_to_megatron(hf_sd, self.arch, te=self.te, padded_vocab=padded_vocab(self.arch, self.cfg))
-        rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-        own = model.state_dict()
-        sd = {name: shard_tp(name, t, rank, size).to(own[name].dtype) for name, t in mg.items() if name in own}
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [m for m in missing if not m.endswith("_extra_state")]
-        if missing or unexpected:
-            raise ValueError(f"HF -> megatron: missing {missing}, unexpected {unexpected}")
+        load_shards(model, mg, self.arch)
 
     def load_hf(self, hf_sd: dict[str, torch.Tensor]) -> None:
         with maybe_cpu_standins():
@@ -330,32 +376,9 @@ class MegatronBackend:
             self.opt.reload_model_params()  # fp32 main copies (bf16 training) follow the weights
 
     def publish_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """COLLECTIVE. One Megatron tensor at a time: its tensor-parallel shards gathered to
-        global rank 0 (only the ranks of data-parallel index 0 send; the other replicas hold
-        the same weights), converted to HF there and handed out on the CPU."""
-        from megatron.core import parallel_state as ps
-
-        own = dict(self.model.state_dict(keep_vars=True))
-        send = ps.get_data_parallel_rank() == 0
-        tp_group, tp_size = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
-        leader = dist.get_rank() == 0
-        for name in megatron_names(self.arch, self.te):
-            if not send:
-                continue
-            full: torch.Tensor | None = own[name].detach()
-            gathered = tp_size > 1 and _is_tp_sharded(name)
-            if gathered:
-                assert full is not None
-                shards = [torch.empty_like(full) for _ in range(tp_size)] if leader else None
-                dist.gather(full.contiguous(), shards, dst=dist.get_global_rank(tp_group, 0), group=tp_group)
-                full = unshard_tp(name, shards) if shards is not None else None
-                del shards  # only the full tensor lives on while it is handed out
-            if leader and full is not None:
-                # to the CPU before converting (no further device memory), copied unless the
-                # gather made it fresh: the weights at publish time, whatever training does next
-                full = full.to("cpu", copy=not gathered)
-                yield from megatron_tensor_to_hf(name, full, self.arch, self.te)
-            del full
+        """COLLECTIVE. One Megatron tensor at a time to global rank 0 (megatron_weights.gather_hf),
+        converted to HF there and handed out as CPU tensors; other ranks yield nothing."""
+        yield from gather_hf(self.model, self.arch, self.te)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """COLLECTIVE: the whole model in HF naming on global rank 0 (empty elsewhere)."""
@@ -434,10 +457,4 @@ def _padded_mask(att2d: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     keep = causal[None] & att2d.bool()[:, None, :]
     return ~keep[:, None]
-
-
-def _is_tp_sharded(name: str) -> bool:
-    return name.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight",
-                          "output_layer.weight", "linear_proj.weight", "linear_fc1.weight",
-                          "linear_fc2.weight"))
 

@@ -89,8 +89,8 @@ def main() -> None:
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if ranks.leader:
-            out = {"layout": {"tensor_parallel": cfg.tensor_parallel, "data_parallel": be.dp_size,
-                              "distributed_optimizer": cfg.use_distributed_optimizer},
+            out = {"layout": {"tensor_parallel": cfg.tensor_parallel, "pipeline_parallel": cfg.pipeline_parallel,
+                              "data_parallel": be.dp_size, "distributed_optimizer": cfg.use_distributed_optimizer},
                    "model_bytes": sum(sizes), "largest_tensor_bytes": max(sizes), "ranks": every,
                    "method": "cuda max_memory_allocated" if torch.cuda.is_available()
                    else "torch.profiler CPU allocator events"}

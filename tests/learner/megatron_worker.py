@@ -109,7 +109,9 @@ def main() -> None:
                 be.save(Path(args.ckpt))
         out["params"] = be.hf_state()
         if args.probe_model:
-            out["probe_model_logprobs"] = probe_logprobs(MegatronBackend(cfg, args.probe_model))
+            other = MegatronBackend(cfg, args.probe_model)
+            out["probe_model_logprobs"] = probe_logprobs(other)
+            out["probe_model_params"] = other.hf_state()
         if ranks.leader:
             torch.save(out, args.out)
     finally:

@@ -170,3 +170,16 @@ def test_megatron_checkpoint_round_trip(megatron_cpu, small_model_dir, tmp_path)
     train_step(b, batch(1), cfg)
     for k, v in a.hf_state().items():
         assert torch.equal(v, b.hf_state()[k]), k
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"pipeline_parallel": 2}, "learner.pipeline_parallel=2 does not divide the 1 ranks"),
+    ({"pipeline_parallel": 3}, "learner.pipeline_parallel=3 does not divide the model's 2 layers"),
+    ({"pipeline_parallel": 2, "kl_coef": 0.1}, "learner.kl_coef=0.1 with learner.pipeline_parallel=2"),
+])
+def test_layouts_that_cannot_run_are_refused_by_name(megatron_cpu, small_model_dir, fields, words) -> None:
+    from learner.backends.megatron_backend import MegatronBackend
+
+    with pytest.raises(ValueError, match=words):
+        MegatronBackend(LearnerConfig(**fields), small_model_dir, small_model_dir)
+

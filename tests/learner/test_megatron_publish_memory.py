@@ -1,6 +1,6 @@
-"""Publishing does not gather the whole model anywhere: on two gloo ranks (torchrun), a publish
-that streams its tensors allocates at most a few times the largest tensor on rank 0 and nothing
-on the other rank, however large the model (tests/learner/megatron_publish_memory.py measures
+"""Publishing does not gather the whole model anywhere: on two gloo ranks (torchrun; tensor,
+pipeline or data parallel), a publish that streams its tensors allocates at most a few times the
+largest tensor on rank 0 and nothing on the other rank, however large the model (tests/learner/megatron_publish_memory.py measures
 with torch.profiler's allocator events; docs/learner.md has the figures)."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ SCRIPT = Path(__file__).resolve().parent / "megatron_publish_memory.py"
 
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny widths, 8 layers: no single tensor is a large part of the model."""
+    """Tiny widths, 16 layers: no single tensor is a large part of the model."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=16,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
         tie_word_embeddings=True))
     out = tmp_path_factory.mktemp("deep-model")
@@ -33,7 +33,7 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("layout", ["tensor_parallel=2", "use_distributed_optimizer=true"])
+@pytest.mark.parametrize("layout", ["tensor_parallel=2", "pipeline_parallel=2", "use_distributed_optimizer=true"])
 def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path, layout: str) -> None:
     out = tmp_path / "peak.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -44,9 +44,12 @@ def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path
     r = json.loads(out.read_text())
     model, largest = r["model_bytes"], r["largest_tensor_bytes"]
     leader, other = r["ranks"]
-    assert model > 8 * largest
-    # rank 0: the gathered tensor, its shards and gloo's staging buffer at most
-    assert 0 < leader["stream_peak"] <= 4 * largest
-    assert other["stream_peak"] == 0 and other["keep_peak"] == 0  # sends what it already holds
+    assert model > 16 * largest
+    # rank 0: the tensor being handed out, its shards, gloo's staging buffer, and whatever gloo
+    # has not yet released of the previous tensor's (its work objects hold their tensors until
+    # its threads let go: the peak varies between 2x and 4x the largest tensor from run to run)
+    assert 0 < leader["stream_peak"] <= 6 * largest
+    # the other rank sends what it already holds (a stage sends each tensor's shape first)
+    assert other["stream_peak"] <= 64 and other["keep_peak"] <= 64
     # keeping every tensor costs the model's size, so the measure sees what is allocated
-    assert model <= leader["keep_peak"] <= model + 4 * largest
+    assert model <= leader["keep_peak"] <= model + 6 * largest

@@ -1,7 +1,7 @@
 """The megatron backend on two gloo ranks (torchrun, real processes) against one rank, on the
 same fixed samples: data parallel 2 with and without the distributed optimizer (gradient
-reduction overlapped with the backward, in several buckets, and not overlapped) and tensor
-parallel 2. Three optimizer steps whose number of micro-batches differs from step to step and
+reduction overlapped with the backward, in several buckets, and not overlapped), tensor
+parallel 2 and pipeline parallel 2. Three optimizer steps whose number of micro-batches differs from step to step and
 between data-parallel ranks; per-token logprobs after every step and the final weights within
 1e-4 of one rank's (fp32); the published weights equal the HF weights they came from and the
 torch backend's; a checkpoint saved on two ranks and loaded on two new ones continues exactly.
@@ -32,8 +32,9 @@ LAYOUTS: dict[str, list[str]] = {
     "dp2_distopt": ["--set", "use_distributed_optimizer=true", "--bucket-size", "10000"],
     "dp2_distopt_sync": ["--set", "use_distributed_optimizer=true", "--set", "overlap_grad_reduce=false"],
     "tp2": ["--set", "tensor_parallel=2"],
+    "pp2": ["--set", "pipeline_parallel=2"],
 }
-RESUMED = ("dp2", "dp2_distopt", "tp2")
+RESUMED = ("dp2", "dp2_distopt", "tp2", "pp2")
 
 
 def run_worker(out: Path, model: Path, args: list[str], nproc: int) -> dict[str, Any]:
@@ -123,11 +124,17 @@ def test_published_weights_are_the_hf_weights(runs: dict[str, dict[str, Any]], s
         assert torch.equal(two["params_start"][k], v), k
 
 
-def test_tensor_parallel_cuts_the_padded_vocabulary(runs: dict[str, dict[str, Any]]) -> None:
-    """Vocabulary 500 on two tensor-parallel ranks: 512 logits, of which 12 are padding."""
-    assert runs["tp2"]["probe_model_logprobs"].shape == runs["one"]["probe_model_logprobs"].shape
-    diff = (runs["tp2"]["probe_model_logprobs"] - runs["one"]["probe_model_logprobs"]).abs().max()
-    assert float(diff) <= 1e-5
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_untied_odd_vocabulary(runs: dict[str, dict[str, Any]], odd_vocab_model: Path, layout: str) -> None:
+    """Vocabulary 500, untied: under tensor parallelism 512 logits of which 12 are padding (cut
+    before the softmax); under pipeline parallelism the output layer lives on the last stage."""
+    one, two = runs["one"]["probe_model_logprobs"], runs[layout]["probe_model_logprobs"]
+    assert two.shape == one.shape
+    assert float((two - one).abs().max()) <= 1e-5
+    hf = load_hf_state(odd_vocab_model)
+    assert runs[layout]["probe_model_params"].keys() == hf.keys()
+    for k, v in hf.items():
+        assert torch.equal(runs[layout]["probe_model_params"][k], v), k
 
 
 @pytest.mark.parametrize("layout", RESUMED)
@@ -136,7 +143,7 @@ def test_checkpoint_on_two_ranks_continues_exactly(runs: dict[str, dict[str, Any
     ck: Path = straight["ckpt"]
     files = sorted(p.name for p in (ck / "optim").iterdir())
     expect = {"dp2": ["tp0_pp0_dp0.pt"], "dp2_distopt": ["tp0_pp0_dp0.pt", "tp0_pp0_dp1.pt"],
-              "tp2": ["tp0_pp0_dp0.pt", "tp1_pp0_dp0.pt"]}[layout]
+              "tp2": ["tp0_pp0_dp0.pt", "tp1_pp0_dp0.pt"], "pp2": ["tp0_pp0_dp0.pt", "tp0_pp1_dp0.pt"]}[layout]
     assert files == expect  # each rank wrote what only it holds
     assert torch.equal(resumed["logprobs"][3], straight["logprobs"][3])
     assert resumed["stats"][3]["grad_norm"] == straight["stats"][3]["grad_norm"]
