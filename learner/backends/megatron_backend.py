@@ -159,7 +159,7 @@ class MegatronBackend:
             if cfg.kl_coef and ref_model_dir:
                 self.ref = build_gpt(self.arch, cfg, self.cpu)
                 self._load_into(self.ref, load_hf_state(ref_model_dir))
-                self.ref.requires_grad_(False).eval()
+                self.ref.requires_grad_(False).eval().to(DTYPES[cfg.dtype])
             self._init_training(ddp_bucket_size)
 
     # -- ranks -----------------------------------------------------------------------------
@@ -185,13 +185,18 @@ class MegatronBackend:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+        from megatron.core.transformer.module import Float16Module
+
         c = self.cfg
+        # bf16: every weight in bf16 (norms included) and logits handed out in fp32, as
+        # Megatron-LM's get_model wraps the model; the optimizer keeps fp32 main copies
+        module = Float16Module(self.model.config, self.model) if c.dtype == "bf16" else self.model
         # gradients summed in fp32 buckets; DDP scales them by 1/dp before its SUM reduction
         # (average_in_collective off), which train_microbatches' loss scale undoes
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=c.overlap_grad_reduce,
             use_distributed_optimizer=c.use_distributed_optimizer, bucket_size=bucket_size)
-        self.ddp = DistributedDataParallel(self.model.config, ddp_cfg, self.model)
+        self.ddp = DistributedDataParallel(self.model.config, ddp_cfg, module)
         ocfg = OptimizerConfig(
             optimizer="adam", lr=c.lr, min_lr=c.lr, weight_decay=c.weight_decay,
             adam_beta1=c.betas[0], adam_beta2=c.betas[1], adam_eps=c.eps,

@@ -183,3 +183,33 @@ def test_layouts_that_cannot_run_are_refused_by_name(megatron_cpu, small_model_d
     with pytest.raises(ValueError, match=words):
         MegatronBackend(LearnerConfig(**fields), small_model_dir, small_model_dir)
 
+
+
+def test_learning_rate_warms_up_like_the_torch_backend(megatron_cpu, small_model_dir) -> None:
+    from learner.backends.megatron_backend import MegatronBackend
+
+    cfg = LearnerConfig(lr=1e-3, warmup_steps=3, max_tokens_per_microbatch=40)
+    lrs = {}
+    for name, be in (("megatron", MegatronBackend(cfg, small_model_dir)), ("torch", TorchBackend(cfg, small_model_dir))):
+        lrs[name] = [train_step(be, batch(s), cfg)["lr"] for s in range(4)]
+    assert lrs["megatron"] == pytest.approx(lrs["torch"])
+    assert lrs["torch"] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+
+
+@pytest.mark.parametrize("fields", [{"dtype": "bf16"}, {"dtype": "bf16", "use_distributed_optimizer": False},
+                                    {"recompute": "selective"}, {"recompute": "full"}])
+def test_precisions_and_recompute_train(megatron_cpu, small_model_dir, fields) -> None:
+    """bf16 weights with fp32 main copies (distributed optimizer or not) and activation
+    recomputation: a step runs on CPU and gives the fp32 step's gradient norm (bf16: roughly)."""
+    from learner.backends.megatron_backend import MegatronBackend
+
+    cfg = LearnerConfig(lr=1e-3, max_tokens_per_microbatch=40, **fields)
+    be = MegatronBackend(cfg, small_model_dir)
+    before = be.hf_state()
+    st = train_step(be, batch(), cfg)
+    ref = train_step(MegatronBackend(LearnerConfig(lr=1e-3, max_tokens_per_microbatch=40), small_model_dir), batch(), cfg)
+    tol = 2e-2 if cfg.dtype == "bf16" else 1e-6
+    assert st["grad_norm"] == pytest.approx(ref["grad_norm"], rel=tol)
+    after = be.hf_state()
+    assert all(t.dtype == (torch.bfloat16 if cfg.dtype == "bf16" else torch.float32) for t in after.values())
+    assert any(not torch.equal(after[k], before[k]) for k in before)
