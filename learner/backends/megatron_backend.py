@@ -184,7 +184,6 @@ class MegatronBackend:
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
         from megatron.core.transformer.module import Float16Module
 
         c = self.cfg
