@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a torchrun launch per layout
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "megatron_publish_memory.py"
 

@@ -23,6 +23,9 @@ from learner.backends.megatron_backend import load_hf_state
 from learner.backends.torch_backend import TorchBackend
 from learner.config import LearnerConfig
 
+# ten torchrun launches in one module fixture: well over a minute, more on a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "megatron_worker.py"
 TOL = 1e-4
