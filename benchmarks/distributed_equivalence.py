@@ -1,6 +1,6 @@
 """The same fixed samples through 1 rank and through 2 ranks (torchrun, gloo on CPU), for every
 parallel layout that runs here: torch data parallel 2, Megatron data parallel 2 (with and
-without the distributed optimizer) and Megatron tensor parallel 2. Each run takes 3 optimizer
+without the distributed optimizer), Megatron tensor parallel 2 and pipeline parallel 2. Each run takes 3 optimizer
 steps (learner.equivalence: a varying number of micro-batches per step); the per-token logprobs
 after every step and the final published weights must agree within 1e-4 in fp32.
 
@@ -39,6 +39,7 @@ LAYOUTS: list[tuple[str, list[str]]] = [
     ("megatron DP=2 + distributed optimizer", ["learner.backend=megatron",
                                                "learner.use_distributed_optimizer=true"]),
     ("megatron TP=2", ["learner.backend=megatron", "learner.tensor_parallel=2"]),
+    ("megatron PP=2", ["learner.backend=megatron", "learner.pipeline_parallel=2"]),
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
