@@ -35,7 +35,6 @@ class ReplayConfig(Section):
     group: str = Field("learner", description="Consumer group the learner reads the replay stream with.")
     read_count: int = Field(64, description="Entries per XREADGROUP.")
     block_ms: int = Field(1000, description="XREADGROUP block time (ms).")
-    claim_idle_ms: int = Field(60_000, description="Pending entries idle this long are claimed by XAUTOCLAIM.")
     write_batch: int = Field(32, description="Samples per pipelined XADD round trip.")
 
 

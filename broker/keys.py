@@ -17,10 +17,7 @@ PIN_TTL_S = 120            # a pin lives this long past its holder's last renewa
 # envd's lease (envd_leases) on a pool's container is this many pool leases long (pool.lease_ttl_s),
 # renewed by every call the pool forwards: a container whose pool lease vanished still expires.
 POOL_CONTAINER_TTL_FACTOR = 2
-ARQ_JOB_PREFIX = "arq:job:"
 ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
-ARQ_RESULT_PREFIX = "arq:result:"
-ARQ_RETRY_PREFIX = "arq:retry:"
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,6 @@ class Sample:
             self.episode_id = f"{self.group_id}:{self.sample_index}"
         validate(self)
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.shape[0])
 
 
 def validate(s: Sample) -> None:

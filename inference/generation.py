@@ -13,4 +13,3 @@ class Generation:
     finish: str                    # stop | length | abort
     weight_version: str
     text: str | None = None        # for parsing only; never re-tokenised
-    latency_s: float = 0.0

@@ -75,7 +75,6 @@ class ReadyGroup:
 class Batch:
     groups: list[ReadyGroup]
     decided_ids: list[str]        # stream ids to ack after the checkpoint
-    decided_samples: list[str]    # sample ids that count as consumed
     staleness: Counter[int]       # age (versions behind) -> trained samples
 
     @property
@@ -103,7 +102,6 @@ class Assembler:
         self._ready_ids: set[str] = set()
         # decided but not yet handed out in a Batch (drops between training steps)
         self.pending_ids: list[str] = []
-        self.pending_samples: list[str] = []
         self.dropped: Counter[str] = Counter()       # reason -> samples
         self.dropped_stale: Counter[int] = Counter()  # age -> samples
 
@@ -137,7 +135,6 @@ class Assembler:
             self.pending_ids.append(e.id)
             self.held.discard(e.sample.sample_id)
             if mark_consumed:
-                self.pending_samples.append(e.sample.sample_id)
                 self.consumed.add(e.sample.sample_id)
 
     def _close(self, g: Group, decided: bool) -> None:
@@ -214,8 +211,7 @@ class Assembler:
             taken.append(rg)
             n += len(rg.episodes)
         self._ready = fresh
-        ids, sids = self.pending_ids, self.pending_samples
-        self.pending_ids, self.pending_samples = [], []
+        ids, self.pending_ids = self.pending_ids, []
         stale: Counter[int] = Counter()
         for rg in taken:
             self._decide(rg.group_id)
@@ -223,16 +219,14 @@ class Assembler:
                 stale[max(0, version - ep.policy_version)] += len(ep.entries)
                 for e in ep.entries.values():
                     ids.append(e.id)
-                    sids.append(e.sample.sample_id)
                     self.held.discard(e.sample.sample_id)
                     self.consumed.add(e.sample.sample_id)
-        return Batch(taken, ids, sids, stale)
+        return Batch(taken, ids, stale)
 
-    def take_decided(self) -> tuple[list[str], list[str]]:
-        """Drops decided since the last batch (acked with the next checkpoint)."""
-        ids, sids = self.pending_ids, self.pending_samples
-        self.pending_ids, self.pending_samples = [], []
-        return ids, sids
+    def take_decided(self) -> list[str]:
+        """Stream ids of the drops decided since the last batch (acked with the next checkpoint)."""
+        ids, self.pending_ids = self.pending_ids, []
+        return ids
 
     @property
     def n_held(self) -> int:

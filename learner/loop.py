@@ -92,7 +92,7 @@ class Learner:
                 else:
                     # entries dropped while no step happens (stale, late, duplicates) need no
                     # checkpoint: they will never train, so acknowledge them now
-                    dropped, _ = self.asm.take_decided()
+                    dropped = self.asm.take_decided()
                     await self.reader.ack(dropped)
                     if (self.lcfg.idle_exit_s is not None
                             and time.monotonic() - last_arrival > self.lcfg.idle_exit_s):
@@ -114,8 +114,7 @@ class Learner:
         st.trained_samples += len(items)
         st.trained_tokens += int(m["tokens"])
         self._to_ack += batch.decided_ids
-        ids, _ = self.asm.take_decided()
-        self._to_ack += ids
+        self._to_ack += self.asm.take_decided()
         if self.lcfg.log_trained_ids:
             await asyncio.to_thread(self.trained.append, st.step, [it.sample_id for it in items])
         publish = st.step % max(1, self.lcfg.update_every) == 0
@@ -136,8 +135,7 @@ class Learner:
 
     async def _checkpoint(self) -> None:
         st = self.state
-        ids, _ = self.asm.take_decided()
-        self._to_ack += ids
+        self._to_ack += self.asm.take_decided()
         st.consumed = sorted(self.asm.consumed)
         st.closed_groups = sorted(self.asm.closed_groups)
         st.dropped = dict(self.asm.dropped)

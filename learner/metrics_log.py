@@ -70,12 +70,3 @@ class TrainedIds:
             f.write(json.dumps({"step": step, "ids": ids}) + "\n")
             f.flush()
             os.fsync(f.fileno())
-
-    def all_ids(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        out: list[str] = []
-        for line in self.path.read_text().splitlines():
-            if line.strip():
-                out.extend(json.loads(line)["ids"])
-        return out

@@ -52,7 +52,7 @@ async def test_stale_samples_dropped_and_counted_per_age(stream) -> None:
     assert dict(asm.dropped_stale) == {2: 2, 3: 2}  # b is 2 versions behind, c 3
     assert asm.dropped["stale"] == 4
     # every entry is decided: the trained ones and the dropped ones are acked together
-    assert len(batch.decided_ids) == 8 and len(set(batch.decided_samples)) == 8
+    assert len(batch.decided_ids) == 8 and len(asm.consumed) == 8
 
 
 async def test_synchronous_mode_takes_only_current_version(stream) -> None:
@@ -103,7 +103,9 @@ async def test_duplicates_and_consumed_ids_are_skipped(stream) -> None:
     asm.add(await read_all(reader))
     assert asm.dropped["duplicate"] == 2
     batch = asm.take_batch(0)
-    assert sorted(batch.decided_samples) == ["g/0/0", "g/1/0"]
+    assert sorted(s.sample_id for g in batch.groups for ep in g.episodes for s in ep.samples) \
+        == ["g/0/0", "g/1/0"]
+    assert asm.consumed == {"old/0/0", "g/0/0", "g/1/0"}
     assert len(batch.decided_ids) == 4  # duplicates are acked with the batch
 
 
