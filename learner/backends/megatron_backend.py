@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from learner.backends.base import LossFn
 from learner.backends.hf_megatron_convert import Arch, hf_to_megatron
 from learner.backends.megatron_cpu import maybe_cpu_standins
-from learner.backends.megatron_weights import gather_hf, load_shards
+from learner.backends.megatron_head import vocab_parallel_logprobs
+from learner.backends.megatron_weights import SHARD_BYTES, gather_hf, load_shards, save_hf_shards
 from learner.backends.torch_backend import DTYPES
 from learner.config import LearnerConfig
-from learner.logprobs import token_logprobs_entropy
 from learner.packing import MicroBatch, _padded
 
 
@@ -120,24 +120,25 @@ def padded_vocab(a: Arch, cfg: LearnerConfig, divisible_by: int = 128) -> int:
 
 
 def load_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """Every tensor of an HF directory: the shards its model.safetensors.index.json names, else
+    every *.safetensors."""
+    from inference.weights import read_safetensors_dir
 
-    sd: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        sd.update(load_file(str(f)))
-    if not sd:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors")
-    return sd
+    return read_safetensors_dir(model_dir)
 
 
 class MegatronBackend:
     def __init__(self, cfg: LearnerConfig, model_dir: str | Path,
-                 ref_model_dir: str | Path | None = None, *, ddp_bucket_size: int | None = None) -> None:
+                 ref_model_dir: str | Path | None = None, *, ddp_bucket_size: int | None = None,
+                 checkpoint_shard_bytes: int = SHARD_BYTES) -> None:
         """`ddp_bucket_size` (elements): Megatron's default when None (at least 40M: one bucket
-        for small models); tests set it small to reduce in several buckets."""
+        for small models); tests set it small to reduce in several buckets.
+        `checkpoint_shard_bytes`: the largest safetensors shard `save` writes (what rank 0's CPU
+        holds of the model while saving)."""
         from transformers import AutoConfig
 
         self.cfg = cfg
+        self.shard_bytes = checkpoint_shard_bytes
         self.cpu = not torch.cuda.is_available()
         self.te = not self.cpu
         self.hf_config = AutoConfig.from_pretrained(str(model_dir))
@@ -242,9 +243,7 @@ class MegatronBackend:
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
                 # called on the last pipeline stage only, where `output` is the logits
-                logits = self._slot_logits(output, pmb)
-                lp, ent = token_logprobs_entropy(logits, pmb.targets.to(logits.device),
-                                                 self.cfg.rollout_temperature, True)
+                lp, ent = self._head(output, pmb, True)
                 loss, st = loss_fn(lp, ent, pmb)
                 st["loss"] = float(loss.detach())
                 stats.append(st)
@@ -285,15 +284,19 @@ class MegatronBackend:
         return torch.device("cpu") if self.cpu else torch.device("cuda", torch.cuda.current_device())
 
     def _forward(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, MicroBatch]:
-        """The model's output for a micro-batch (the logits on the last pipeline stage, hidden
-        states on the others) and the micro-batch it indexes (on CPU a packed one runs as padded
-        rows)."""
+        """The model's output for a micro-batch (this rank's vocabulary slice of the logits on
+        the last pipeline stage, hidden states on the others) and the micro-batch it indexes (on
+        CPU a packed one runs as padded rows)."""
         dev = self._device()
+        # bf16: Float16Module hands out the logits as they are, not an fp32 copy; the head
+        # upcasts a chunk at a time, and the gradient is the same (the copy's backward would
+        # cast it to bf16 for the output layer anyway)
+        kw: dict[str, Any] = {"fp32_output": False} if model is self.ddp and self.cfg.dtype == "bf16" else {}
         if self.cpu or not mb.packed:
             pmb = mb if not mb.packed else _padded(mb.items)
             assert pmb.attention_mask is not None  # padded rows carry their mask
             return model(input_ids=pmb.input_ids.to(dev), position_ids=pmb.position_ids.to(dev),
-                         attention_mask=_padded_mask(pmb.attention_mask).to(dev)), pmb
+                         attention_mask=_padded_mask(pmb.attention_mask).to(dev), **kw), pmb
         from megatron.core.packed_seq_params import PackedSeqParams
 
         lens = torch.tensor([len(it.tokens) for it in mb.items], dtype=torch.int32)
@@ -302,22 +305,21 @@ class MegatronBackend:
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu.to(dev), cu_seqlens_kv=cu.to(dev),
                               max_seqlen_q=int(lens.max()), max_seqlen_kv=int(lens.max()))
         return model(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev),
-                     attention_mask=None, packed_seq_params=psp), mb
+                     attention_mask=None, packed_seq_params=psp, **kw), mb
 
-    def _slot_logits(self, logits: torch.Tensor, pmb: MicroBatch) -> torch.Tensor:
-        """[N, vocab]: the logits of the micro-batch's slots."""
-        dev = logits.device
-        return self._vocab(logits)[pmb.rows.to(dev), pmb.cols.to(dev)]
-
-    def _vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[b, s, V/tp] -> [b, s, vocab]: the vocabulary gathered over tensor-parallel ranks and
-        its padding cut (padded rows would add exp(0) terms to every softmax)."""
+    def _head(self, logits: torch.Tensor, pmb: MicroBatch,
+              with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-slot logprobs (and entropy) from logits [b, s, V/tp] without gathering the
+        vocabulary (megatron_head): the slots are picked a chunk at a time, the padded
+        vocabulary never enters the softmax."""
         from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-        if ps.get_tensor_model_parallel_world_size() > 1:
-            logits = gather_from_tensor_model_parallel_region(logits)
-        return logits[..., : self.arch.vocab]
+        dev = logits.device
+        slots = pmb.rows.to(dev) * logits.shape[1] + pmb.cols.to(dev)
+        group = ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
+        return vocab_parallel_logprobs(
+            logits.reshape(-1, logits.shape[-1]), pmb.targets.to(dev), vocab=self.arch.vocab,
+            temperature=self.cfg.rollout_temperature, with_entropy=with_entropy, slots=slots, group=group)
 
     def logprobs(self, mb: MicroBatch, *, grad: bool,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -333,8 +335,7 @@ class MegatronBackend:
             return self._pipelined_logprobs(mb, with_entropy)
         with torch.set_grad_enabled(grad), maybe_cpu_standins():
             out, pmb = self._forward(self.model, mb)
-            return token_logprobs_entropy(self._slot_logits(out, pmb), pmb.targets.to(out.device),
-                                          self.cfg.rollout_temperature, with_entropy)
+            return self._head(out, pmb, with_entropy)
 
     def _pipelined_logprobs(self, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -345,8 +346,7 @@ class MegatronBackend:
             out, pmb = self._forward(model, next(data))
 
             def keep(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-                lp, ent = token_logprobs_entropy(self._slot_logits(output, pmb), pmb.targets.to(output.device),
-                                                 self.cfg.rollout_temperature, with_entropy)
+                lp, ent = self._head(output, pmb, with_entropy)
                 got.append((lp.cpu(), None if ent is None else ent.cpu()))
                 return lp.sum() * 0, {}
 
@@ -365,8 +365,7 @@ class MegatronBackend:
             return None
         with torch.no_grad(), maybe_cpu_standins():
             out, pmb = self._forward(self.ref, mb)
-            return token_logprobs_entropy(self._slot_logits(out, pmb), pmb.targets.to(out.device),
-                                          self.cfg.rollout_temperature, False)[0]
+            return self._head(out, pmb, False)[0]
 
     # -- weights in HF naming --------------------------------------------------------------
     def _load_into(self, model: Any, hf_sd: dict[str, torch.Tensor]) -> None:
@@ -409,20 +408,23 @@ class MegatronBackend:
         """The distributed optimizer's fp32 shards this rank updates."""
         return [p for g in self.opt.optimizer.param_groups for p in g["params"]]
 
-    def save(self, path: Path) -> None:
-        """Rank 0: the model as an HF directory (path/model). Every rank whose optimizer state
-        is its own: that state and the scheduler's in path/optim/ — with the distributed
-        optimizer its shard of the fp32 weights and Adam moments (written where it lives, no
-        gathering), else data-parallel index 0 of each model-parallel rank."""
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        hf = self.hf_state()
+    def save_hf(self, out: Path) -> None:
+        """COLLECTIVE: the model as an HF directory written by rank 0, sharded as it streams in
+        (megatron_weights.save_hf_shards): rank 0 holds one shard, never the model."""
         if dist.get_rank() == 0:
-            (path / "model").mkdir(exist_ok=True)
-            save_file({k: v.contiguous() for k, v in hf.items()}, str(path / "model" / "model.safetensors"))
-            self.hf_config.save_pretrained(str(path / "model"))
-        del hf
+            save_hf_shards(self.publish_tensors(), out, self.shard_bytes)
+            self.hf_config.save_pretrained(str(out))
+        else:
+            for _ in self.publish_tensors():
+                pass
+
+    def save(self, path: Path) -> None:
+        """Rank 0: the model as an HF directory (path/model, `save_hf`). Every rank whose
+        optimizer state is its own: that state and the scheduler's in path/optim/ — with the
+        distributed optimizer its shard of the fp32 weights and Adam moments (written where it
+        lives, no gathering), else data-parallel index 0 of each model-parallel rank."""
+        path.mkdir(parents=True, exist_ok=True)
+        self.save_hf(path / "model")
         state: dict[str, Any] = {"layout": self._layout(), "scheduler": self.sched.state_dict()}
         with maybe_cpu_standins():
             if self.cfg.use_distributed_optimizer:

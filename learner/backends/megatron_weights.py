@@ -1,7 +1,8 @@
 """A Megatron GPTModel's weights in HF naming, across its ranks: every rank loads its own
 tensor-parallel shard of its own pipeline stage from full HF tensors, and publishing brings the
 model to global rank 0 one Megatron tensor at a time (tensor-parallel shards gathered on the
-stage that holds the tensor, then sent from that stage to rank 0), never the whole model at once.
+stage that holds the tensor, then sent from that stage to rank 0), never the whole model at once;
+checkpoints are written from that stream in bounded shards (`save_hf_shards`).
 
 Global Megatron names (hf_megatron_convert.megatron_names) number layers over the whole model;
 a pipeline stage's module numbers its own layers from 0 (`offset` is its first global layer).
@@ -9,7 +10,9 @@ a pipeline stage's module numbers its own layers from 0 (`offset` is its first g
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,3 +123,53 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
             full = full.to("cpu", copy=not fresh)
             yield from megatron_tensor_to_hf(name, full, a, te)
         del full
+
+
+SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
+INDEX = "model.safetensors.index.json"
+
+
+def save_hf_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: Path,
+                   max_shard_bytes: int = SHARD_BYTES) -> list[str]:
+    """Write HF-named CPU tensors, as they arrive one at a time, as an HF checkpoint: shards of
+    at most `max_shard_bytes` (a larger tensor gets a shard alone) named as transformers names
+    them, plus model.safetensors.index.json; a single shard is model.safetensors without an
+    index. Only the shard being filled is held, so a whole model never is. Returns the files."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("model*.safetensors"), out / INDEX]:  # a previous save's, sharded otherwise
+        old.unlink(missing_ok=True)
+    parts: list[list[str]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        # the final names need the number of shards, known only at the end
+        save_file(shard, str(out / f"part-{len(parts)}.tmp"), metadata={"format": "pt"})
+        parts.append(list(shard))
+        shard.clear()
+
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        if shard and size + n > max_shard_bytes:
+            flush()
+            size = 0
+        # a compact tensor of its own: a view (q, k, v of one fused tensor) would keep its base
+        # alive and share storage, which safetensors refuses
+        shard[name] = t if t.is_contiguous() and t.untyped_storage().nbytes() == n else t.clone(
+            memory_format=torch.contiguous_format)
+        size, total = size + n, total + n
+    if shard:
+        flush()
+    if not parts:
+        raise ValueError(f"{out}: no tensors to write")
+    files = (["model.safetensors"] if len(parts) == 1 else
+             [f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))])
+    for i, f in enumerate(files):
+        (out / f"part-{i}.tmp").rename(out / f)
+    if len(parts) > 1:
+        weight_map = {name: f for f, names in zip(files, parts, strict=True) for name in names}
+        (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        files.append(INDEX)
+    return files

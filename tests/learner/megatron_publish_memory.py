@@ -1,14 +1,18 @@
-"""Peak memory of the megatron backend's publish_tensors on every rank, against the model's size.
+"""Peak memory of the megatron backend's publish_tensors (and of writing the model into a
+checkpoint) on every rank, against the model's size.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        tests/learner/megatron_publish_memory.py --model DIR [--set tensor_parallel=2] [--out FILE]
+        tests/learner/megatron_publish_memory.py --model DIR [--set tensor_parallel=2]
+        [--shard-bytes 524288] [--out FILE]
 
 Measured: the bytes a publish allocates beyond what was allocated before it, at their peak —
 torch.cuda.max_memory_allocated on GPU; on CPU torch.profiler's allocator events (every
 allocation and free of a CPU tensor, summed in order). Two consumers on rank 0: one that reads
 each tensor and drops it (streaming to a server or a file), one that keeps them all (a whole
-snapshot, which is the model's size by construction). Rank 0 prints one JSON line (and writes it
-to FILE): per rank the peaks, the model's size in HF tensors and its largest tensor.
+snapshot, which is the model's size by construction); and `save_hf`, which writes the model as
+safetensors shards of at most --shard-bytes as the tensors stream in. Rank 0 prints one JSON line
+(and writes it to FILE): per rank the peaks, the model's size in HF tensors, its largest tensor
+and the shards written.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--shard-bytes", type=int, default=1 << 19)
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -72,7 +78,7 @@ def main() -> None:
     cfg = LearnerConfig.model_validate(fields)
     ranks = init_ranks(cfg.dist_timeout_s)
     try:
-        be = MegatronBackend(cfg, args.model)
+        be = MegatronBackend(cfg, args.model, checkpoint_shard_bytes=args.shard_bytes)
         sizes: list[int] = []
 
         def stream() -> None:  # read each tensor, then let it go
@@ -85,13 +91,18 @@ def main() -> None:
         def keep() -> None:
             kept.extend(be.publish_tensors())
 
-        mine = {"rank": ranks.rank, "stream_peak": peak_bytes(stream), "keep_peak": peak_bytes(keep)}
+        with tempfile.TemporaryDirectory() as tmp:  # rank 0 writes into its own; the others gather
+            ckpt = Path(tmp) / "model"
+            mine = {"rank": ranks.rank, "stream_peak": peak_bytes(stream), "keep_peak": peak_bytes(keep),
+                    "save_peak": peak_bytes(lambda: be.save_hf(ckpt)),
+                    "shards": sorted(p.name for p in ckpt.glob("*.safetensors"))}
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if ranks.leader:
             out = {"layout": {"tensor_parallel": cfg.tensor_parallel, "pipeline_parallel": cfg.pipeline_parallel,
                               "data_parallel": be.dp_size, "distributed_optimizer": cfg.use_distributed_optimizer},
                    "model_bytes": sum(sizes), "largest_tensor_bytes": max(sizes), "ranks": every,
+                   "shard_bytes": args.shard_bytes,
                    "method": "cuda max_memory_allocated" if torch.cuda.is_available()
                    else "torch.profiler CPU allocator events"}
             print(json.dumps(out))

@@ -2,8 +2,8 @@
 multi-rank tests in test_megatron_ranks.py run it in real processes).
 
     python tests/learner/megatron_worker.py --model DIR --out FILE [--set key=value ...]
-        [--steps 3] [--save-at 2 --ckpt DIR] [--resume DIR --first-step 3] [--bucket-size N]
-        [--probe-model DIR]
+        [--steps 3] [--save-at 2 --ckpt DIR [--shard-bytes N]] [--resume DIR --first-step 3]
+        [--bucket-size N] [--probe-model DIR]
 
 Every rank builds the backend after the default process group is up (learner.ranks, as the
 learner does), trains its data-parallel shard of each step's samples (learner.trainer.shard_items,
@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--ckpt")
     ap.add_argument("--resume")
     ap.add_argument("--bucket-size", type=int)
+    ap.add_argument("--shard-bytes", type=int, default=10**9)
     ap.add_argument("--probe-model")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -93,7 +94,8 @@ def main() -> None:
     cfg = LearnerConfig.model_validate(fields)
     ranks = init_ranks(cfg.dist_timeout_s)
     try:
-        be = MegatronBackend(cfg, args.model, ddp_bucket_size=args.bucket_size)
+        be = MegatronBackend(cfg, args.model, ddp_bucket_size=args.bucket_size,
+                             checkpoint_shard_bytes=args.shard_bytes)
         out: dict[str, Any] = {"dp_size": be.dp_size, "logprobs": {}, "stats": {}, "mb_counts": {}}
         if args.resume:
             be.load(Path(args.resume))

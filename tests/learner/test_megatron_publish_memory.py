@@ -1,7 +1,8 @@
 """Publishing does not gather the whole model anywhere: on two gloo ranks (torchrun; tensor,
 pipeline or data parallel), a publish that streams its tensors allocates at most a few times the
-largest tensor on rank 0 and nothing on the other rank, however large the model (tests/learner/megatron_publish_memory.py measures
-with torch.profiler's allocator events; docs/learner.md has the figures)."""
+largest tensor on rank 0 and nothing on the other rank, however large the model; writing the
+model into a checkpoint holds one safetensors shard on top (tests/learner/megatron_publish_memory.py
+measures with torch.profiler's allocator events; docs/learner.md has the figures)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,8 @@ def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path
     assert other["stream_peak"] <= 64 and other["keep_peak"] <= 64
     # keeping every tensor costs the model's size, so the measure sees what is allocated
     assert model <= leader["keep_peak"] <= model + 6 * largest
+    # a checkpoint: the shard being filled, and what a publish costs beside it
+    shard = r["shard_bytes"]
+    assert model > 4 * shard and len(leader["shards"]) >= model // shard
+    assert 0 < leader["save_peak"] <= shard + 6 * largest
+    assert other["save_peak"] <= 64 and other["shards"] == []

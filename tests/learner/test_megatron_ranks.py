@@ -4,12 +4,14 @@ reduction overlapped with the backward, in several buckets, and not overlapped),
 parallel 2 and pipeline parallel 2. Three optimizer steps whose number of micro-batches differs from step to step and
 between data-parallel ranks; per-token logprobs after every step and the final weights within
 1e-4 of one rank's (fp32); the published weights equal the HF weights they came from and the
-torch backend's; a checkpoint saved on two ranks and loaded on two new ones continues exactly.
+torch backend's; a checkpoint saved on two ranks (the model in safetensors shards of at most
+SHARD_BYTES, with their index) and loaded on two new ones continues exactly.
 Each layout runs once per session (tests/learner/megatron_worker.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from learner.backends.megatron_backend import load_hf_state
 from learner.backends.torch_backend import TorchBackend
@@ -38,6 +41,7 @@ LAYOUTS: dict[str, list[str]] = {
     "pp2": ["--set", "pipeline_parallel=2"],
 }
 RESUMED = ("dp2", "dp2_distopt", "tp2", "pp2")
+SHARD_BYTES = 100_000  # the tiny model (0.43 MB) is written in several shards
 
 
 def run_worker(out: Path, model: Path, args: list[str], nproc: int) -> dict[str, Any]:
@@ -80,7 +84,8 @@ def runs(small_model_dir: Path, odd_vocab_model: Path, tmp_path_factory: pytest.
     for name, args in LAYOUTS.items():
         ck = d / f"ck-{name}"
         out[name] = run_worker(d / f"{name}.pt", small_model_dir,
-                               [*args, *probe, "--save-at", "2", "--ckpt", str(ck)], 2)
+                               [*args, *probe, "--save-at", "2", "--ckpt", str(ck),
+                                "--shard-bytes", str(SHARD_BYTES)], 2)
         out[name]["ckpt"] = ck
         if name in RESUMED:
             out[f"{name}_resumed"] = run_worker(d / f"{name}-resumed.pt", small_model_dir,
@@ -148,6 +153,20 @@ def test_checkpoint_on_two_ranks_continues_exactly(runs: dict[str, dict[str, Any
     expect = {"dp2": ["tp0_pp0_dp0.pt"], "dp2_distopt": ["tp0_pp0_dp0.pt", "tp0_pp0_dp1.pt"],
               "tp2": ["tp0_pp0_dp0.pt", "tp1_pp0_dp0.pt"], "pp2": ["tp0_pp0_dp0.pt", "tp0_pp1_dp0.pt"]}[layout]
     assert files == expect  # each rank wrote what only it holds
+    # the model: shards of at most SHARD_BYTES (a larger tensor alone) and the index naming them
+    model = ck / "model"
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and shards == sorted(p.name for p in model.glob("*.safetensors"))
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    total = 0
+    for f in shards:
+        part = load_file(model / f)
+        size = sum(t.numel() * t.element_size() for t in part.values())
+        assert size <= SHARD_BYTES or len(part) == 1, (f, size)
+        assert {k for k, v in index["weight_map"].items() if v == f} == part.keys()
+        total += size
+    assert index["metadata"]["total_size"] == total
     assert torch.equal(resumed["logprobs"][3], straight["logprobs"][3])
     assert resumed["stats"][3]["grad_norm"] == straight["stats"][3]["grad_norm"]
     assert max_diff(resumed["params"], straight["params"]) == 0.0
