@@ -3,8 +3,8 @@
 Learner (megatron backend, one rank of TP x PP x DP): bf16 weights; fp32 gradient buffers
 (grad_reduce_in_fp32); fp32 main weights and Adam moments, sharded over the data-parallel
 ranks by the distributed optimizer; activations of the longest micro-batch under the configured
-recompute; and the logprob head, which gathers the vocab-parallel logits and takes a full-
-vocabulary fp32 log-softmax on every rank. Inference (SGLang, tensor parallel T): weights / T
+recompute; and the logprob head, which works on each rank's slice of the vocabulary
+(learner/backends/megatron_head.py), so it shrinks with tensor parallelism. Inference (SGLang, tensor parallel T): weights / T
 and the KV pool --mem-fraction-static leaves, in tokens and in whole episodes.
 
 Every number is bytes per GPU; docs/gpu.md derives each formula and shows both recipes.
@@ -124,13 +124,22 @@ def model_shape(model: str) -> ModelShape:
 
 # -- learner ---------------------------------------------------------------------------------
 
-# Bytes per micro-batch token per (padded) vocabulary entry at the peak of the logprob head
-# (learner.logprobs over the gathered logits), measured with the learner's own code on CPU:
-# bf16 logits 2 + fp32 log_softmax 4 + exp 4 + exp * log_softmax 4 (the entropy) = 14. When
-# the loss takes gradients through the entropy (entropy_coef) or runs the reference model's
-# head beside the policy's (kl_coef) two more [tokens x vocab] fp32 tensors are live: 20.
-HEAD_BYTES = 14
-HEAD_BYTES_ENTROPY_OR_KL = 20
+# The logprob head (learner/backends/megatron_head.py) on a rank's slice of the padded vocabulary,
+# V_p / TP logits per token: at its peak the logits in the model's dtype and their gradient,
+# HEAD_BYTES x dtype bytes per token per slice entry; with kl_coef the reference model's logits
+# are live beside the policy's during its forward: HEAD_BYTES_KL. entropy_coef costs nothing
+# more (its gradient is recomputed a chunk at a time). On top: the output layer's weight
+# gradient before it is added to the fp32 grad buffer (V_p / TP x hidden in the dtype), and the
+# fp32 temporaries of one chunk, HEAD_CHUNK_BYTES per logit of a chunk of HEAD_CHUNK_ELEMENTS
+# (megatron_head.CHUNK_ELEMENTS). Measured with the learner's own train_step on two gloo ranks
+# (tests/learner/megatron_head_memory.py: peak allocated bytes, difference of two vocabularies):
+# 4.00-4.04 B at bf16 and 8.10-8.16 at fp32 per token per slice entry, of which hidden x dtype
+# bytes / tokens = 0.06 and 0.13 are that weight gradient; 6.0 and 12.0 with kl_coef; a chunk
+# 3-7 B per logit.
+HEAD_BYTES = 2
+HEAD_BYTES_KL = 3
+HEAD_CHUNK_ELEMENTS = 1 << 24
+HEAD_CHUNK_BYTES = 8
 
 
 def megatron_padded_vocab(vocab: int, tp: int) -> int:
@@ -183,7 +192,10 @@ class LearnerPlan(BaseModel):
     stage: str = Field(description="the pipeline stage the numbers are of: the fullest one")
     microbatch_tokens: int
     padded_vocab: int
-    head_bytes: int = Field(description="bytes per token per vocabulary entry at the head's peak")
+    head_bytes: int = Field(description="bytes per token per entry of this GPU's vocabulary slice "
+                            "(padded_vocab / tp) at the head's peak")
+    head: int = Field(description="the logprob head at its peak: logits and their gradient, the "
+                      "output layer's weight gradient, one chunk's temporaries")
     params: int = Field(description="parameters on one GPU")
     weights: int
     grads: int
@@ -223,8 +235,9 @@ def learner_plan(m: ModelShape, lc: LearnerConfig, cluster: ClusterConfig,
     stored_layer, layer_work = per_layer, per_layer
     if lc.recompute == "full":  # only each layer's input is kept; backward re-runs one layer
         stored_layer, layer_work = m.hidden * b, 2 * per_layer
-    head = (HEAD_BYTES_ENTROPY_OR_KL if (lc.entropy_coef or lc.kl_coef) else HEAD_BYTES) + b - 2
-    head_per_token = vocab * head
+    head_bytes = (HEAD_BYTES_KL if lc.kl_coef else HEAD_BYTES) * b
+    head = (tokens * vocab // tp * head_bytes + vocab // tp * m.hidden * b
+            + HEAD_CHUNK_ELEMENTS * HEAD_CHUNK_BYTES)
 
     reserve, memory = int(cluster.learner_reserve_gib * GIB), int(cluster.gpu_memory_gib * GIB)
 
@@ -234,16 +247,16 @@ def learner_plan(m: ModelShape, lc: LearnerConfig, cluster: ClusterConfig,
         acts = in_flight * tokens * (m.layers // pp) * stored_layer
         if last:
             acts += tokens * 2 * m.hidden * b  # the final norm's input and output
-        work = tokens * max(layer_work, head_per_token if last else 0)
+        work = max(tokens * layer_work, head if last else 0)
         main = 4 if b == 2 else 0  # fp32 main weights beside bf16 ones
         optimizer = params * (main + 8) // (dp if lc.use_distributed_optimizer else 1)
         reference = params * b if lc.kl_coef else 0
         total = params * (b + 4) + optimizer + reference + acts + work
         return LearnerPlan(
             world=world, tp=tp, pp=pp, dp=dp, stage=name, microbatch_tokens=tokens,
-            padded_vocab=vocab, head_bytes=head, params=params, weights=params * b, grads=params * 4,
+            padded_vocab=vocab, head_bytes=head_bytes, head=head, params=params, weights=params * b, grads=params * 4,
             optimizer=optimizer, reference=reference, activations=acts, working=work,
-            working_is_head=last and head_per_token >= layer_work, total=total, reserve=reserve,
+            working_is_head=last and head >= tokens * layer_work, total=total, reserve=reserve,
             gpu_memory=memory, margin=memory - reserve - total, fits=total + reserve <= memory)
 
     if pp == 1:
@@ -375,8 +388,11 @@ def render(plan: Plan, cluster: ClusterConfig, lc: LearnerConfig) -> str:
     opt_div = f" / DP {lp.dp}" if lc.use_distributed_optimizer else ""
     layers = ("each layer's input (full recompute)" if lc.recompute == "full"
               else "every layer's activations") + ", the final norm"
-    work = (f"logprob head: {lp.head_bytes} B x {lp.microbatch_tokens} tokens x {lp.padded_vocab} logits"
-            if lp.working_is_head else "backward of one layer")
+    head_rest = lp.head - lp.head_bytes * lp.microbatch_tokens * (lp.padded_vocab // lp.tp)
+    work = (f"logprob head: {lp.head_bytes} B x {lp.microbatch_tokens} x {lp.padded_vocab // lp.tp} logits "
+            f"+ {gib(head_rest)} GiB" if lp.working_is_head else
+            f"backward of one layer (the logprob head: {gib(lp.head)} GiB)" if lp.head
+            else "backward of one layer")
     lines = [
         ("weights", f"{lc.dtype}, {lp.params / 1e9:.2f} B params on this GPU", lp.weights),
         ("grads", "fp32 grad buffer", lp.grads),

@@ -13,6 +13,8 @@ from actors.config import ActorConfig
 from learner.config import LearnerConfig
 from swarl.cli import app
 from swarl.plan import (
+    HEAD_CHUNK_BYTES,
+    HEAD_CHUNK_ELEMENTS,
     ClusterConfig,
     PlanError,
     inference_plan,
@@ -44,7 +46,7 @@ def test_shipped_recipes_fit(name):
 
 
 def test_old_32b_layout_does_not_fit():
-    """The 32B recipe as it shipped: one node, TP 8 x DP 1, no recompute."""
+    """The 32B recipe as it first shipped: one node, TP 8 x DP 1, no recompute."""
     res = plan("--config", str(GPU / "qwen3-32b.yaml"), "--set", "cluster.learner_nodes=1",
                "--set", "learner.recompute=none")
     assert res.exit_code == 1
@@ -117,18 +119,35 @@ def test_learner_terms_by_hand(small):
                  + 4 * 2 + 4 * 3 + 8)            # LSE, q/k norm rstd, norm rstd (fp32)
     assert per_layer == 1404
     assert lp.activations == 100 * (2 * per_layer + 2 * 64 * 2)
-    assert lp.working == 100 * 1024 * 14 and lp.working_is_head
-    assert lp.total == 2 * params + 4 * params + 6 * params + 100 * (2 * 1404 + 256) + 1_433_600
-    assert lp.total == 2_973_408
-    assert lp.margin == GIB - 2_973_408 and lp.fits
+    # the head on this rank's 512 logits of 1024: bf16 logits and their gradient per token, the
+    # output layer's bf16 weight gradient, one chunk's fp32 temporaries
+    head = 100 * 512 * 2 * 2 + 512 * 64 * 2 + HEAD_CHUNK_ELEMENTS * HEAD_CHUNK_BYTES
+    assert lp.head_bytes == 4 and lp.head == head
+    assert lp.working == head and lp.working_is_head
+    assert lp.total == 2 * params + 4 * params + 6 * params + 100 * (2 * 1404 + 256) + head
+    assert lp.total == 2_973_408 - 1_433_600 + head
+    assert lp.margin == GIB - lp.total and lp.fits
 
     full = learner_plan(small, lc.model_copy(update={"recompute": "full"}), cluster, 100)
     assert full.activations == 100 * (2 * 64 * 2 + 2 * 64 * 2)   # layer inputs + final norm
-    assert full.working == 100 * max(2 * per_layer, 14 * 1024)
+    assert full.working == max(100 * 2 * per_layer, head)
     not_sharded = learner_plan(small, lc.model_copy(update={"use_distributed_optimizer": False}), cluster, 100)
     assert not_sharded.optimizer == 12 * params
+    # the entropy's gradient is recomputed a chunk at a time: no more memory
     entropy = learner_plan(small, lc.model_copy(update={"entropy_coef": 0.01}), cluster, 100)
-    assert entropy.working == 100 * 1024 * 20
+    assert entropy.head == head
+    # the reference model's logits beside the policy's
+    kl = learner_plan(small, lc.model_copy(update={"kl_coef": 0.01}), cluster, 100)
+    assert kl.head_bytes == 6 and kl.head == head + 100 * 512 * 2 and kl.reference == 2 * params
+    # fp32: every byte of the logits doubles
+    fp32 = learner_plan(small, lc.model_copy(update={"dtype": "fp32"}), cluster, 100)
+    assert fp32.head == 100 * 512 * 8 + 512 * 64 * 4 + HEAD_CHUNK_ELEMENTS * HEAD_CHUNK_BYTES
+
+
+def test_head_chunk_is_the_backends():
+    from learner.backends.megatron_head import CHUNK_ELEMENTS
+
+    assert HEAD_CHUNK_ELEMENTS == CHUNK_ELEMENTS
 
 
 def test_inference_terms_by_hand(small):
