@@ -50,9 +50,9 @@ def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path
     assert model > 16 * largest
     # rank 0: the tensor being handed out, its shards, gloo's staging buffer, and whatever gloo
     # has not yet released of earlier tensors (its work objects hold their tensors until its
-    # threads let go: 2x to 4x the largest tensor, more on a loaded machine) — a few tensors,
-    # never the model: gathering the model first would peak at `model` or more
-    assert 0 < leader["stream_peak"] <= model // 4
+    # threads let go: 2x to 4x the largest tensor, more on a loaded machine): well under
+    # half the model, which gathering the model first would exceed
+    assert 0 < leader["stream_peak"] <= model // 2
     # the other rank sends what it already holds (a stage sends each tensor's shape first)
     assert other["stream_peak"] <= 64 and other["keep_peak"] <= 64
     # keeping every tensor costs the model's size, so the measure sees what is allocated
