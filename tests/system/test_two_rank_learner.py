@@ -71,9 +71,10 @@ async def _watch(urls: list[str], out: dict[str, set[tuple[str, str]]], stop: as
 
 
 async def test_two_rank_learner_with_actors_and_a_tp2_server(
-        redis_url, envd_server, pool_factory, cpu_server_factory, tiny_model_dir, test_image,
+        redis_url, envd_factory, pool_factory, cpu_server_factory, tiny_model_dir, test_image,
         tmp_path) -> None:
     assert test_image == TEST_IMAGE
+    envd_server = envd_factory()  # a node of this test's own: what it holds at the end is ours
     pool = pool_factory([envd_server.url], redis_url)
     servers = [cpu_server_factory.start(tiny_model_dir, redis_url=redis_url, run_id="test",
                                         api_key=KEY, extra_args=["--tp-size", str(tp)])
