@@ -45,30 +45,38 @@ def batch(step: int, vocab: int, n: int = 6, seed: int = 1234) -> list[TrainItem
 
 
 def run(cfg: LearnerConfig, model_dir: str, steps: int) -> dict[str, Any] | None:
-    from learner.backends import make_backend
     from learner.ranks import init_ranks, shutdown
-    from learner.train import train_step
-    from learner.trainer import shard_items
 
     torch.manual_seed(0)
     ranks = init_ranks(cfg.dist_timeout_s)
+    clean = False
     try:
-        backend = make_backend(cfg, model_dir)
-        from transformers import AutoConfig
-
-        vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
-        probe = make_microbatches(batch(-1, vocab, n=3), 1 << 16)
-        out: dict[str, Any] = {"logprobs": [], "stats": [], "dp_size": backend.dp_size}
-        for step in range(1, steps + 1):
-            shard = shard_items(batch(step, vocab), backend.dp_size)[backend.dp_rank]
-            out["stats"].append(train_step(backend, shard, cfg))
-            with torch.no_grad():
-                out["logprobs"].append(torch.cat([backend.logprobs(mb, grad=False, with_entropy=False)[0]
-                                                  .detach().float().cpu() for mb in probe]))
-        out["params"] = {n: t.detach().float().cpu().clone() for n, t in backend.publish_tensors()}
+        out = _steps(cfg, model_dir, steps)
+        clean = True
         return out if ranks.leader else None
     finally:
-        shutdown(ranks)
+        shutdown(ranks, clean)
+
+
+def _steps(cfg: LearnerConfig, model_dir: str, steps: int) -> dict[str, Any]:
+    from learner.backends import make_backend
+    from learner.train import train_step
+    from learner.trainer import shard_items
+
+    backend = make_backend(cfg, model_dir)
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+    probe = make_microbatches(batch(-1, vocab, n=3), 1 << 16)
+    out: dict[str, Any] = {"logprobs": [], "stats": [], "dp_size": backend.dp_size}
+    for step in range(1, steps + 1):
+        shard = shard_items(batch(step, vocab), backend.dp_size)[backend.dp_rank]
+        out["stats"].append(train_step(backend, shard, cfg))
+        with torch.no_grad():
+            out["logprobs"].append(torch.cat([backend.logprobs(mb, grad=False, with_entropy=False)[0]
+                                              .detach().float().cpu() for mb in probe]))
+    out["params"] = {n: t.detach().float().cpu().clone() for n, t in backend.publish_tensors()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

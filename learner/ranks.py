@@ -130,9 +130,23 @@ class Channel:
         return got
 
 
-def shutdown(ranks: Ranks) -> None:
-    if ranks.distributed:
-        import torch.distributed as dist
+def shutdown(ranks: Ranks, clean: bool) -> None:
+    """Tear the process group down. After a clean stop every rank meets at a barrier first, so
+    none closes its sockets while a peer still uses them; and whatever held the group (the DDP
+    wrapper) is collected before it, not at interpreter exit (a gloo thread destroyed then
+    aborts the process). After a failure no barrier: a peer may be dead."""
+    if not ranks.distributed:
+        return
+    import gc
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    if clean:
+        try:
+            dist.barrier(group=ranks.group)
+        except RuntimeError as e:  # a peer gone meanwhile: tear down anyway
+            log.warning("shutdown_barrier_failed", rank=ranks.rank, error=str(e))
+    dist.destroy_process_group()

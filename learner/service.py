@@ -11,7 +11,7 @@ from typing import Any
 from common.logs import get_logger
 from learner import checkpoint
 from learner.checkpoint import LearnerState
-from learner.ranks import catch_stop_signals, init_ranks, shutdown
+from learner.ranks import Ranks, catch_stop_signals, init_ranks, shutdown
 from learner.runtime import LearnerRuntime
 from learner.trainer import RankWorker, Trainer, follow
 
@@ -42,34 +42,44 @@ async def run_learner(rt: LearnerRuntime, resume: bool,
     are only counted) makes rank 0's publisher."""
     import torch
 
-    from learner.backends import make_backend
-
     lcfg = rt.learner
     torch.set_num_threads(max(1, lcfg.threads))
     torch.manual_seed(rt.seed)
     ranks = init_ranks(lcfg.dist_timeout_s)
+    clean = False
     try:
-        # the same checks on every rank (same config, same shared run directory), before any
-        # collective, so a refusal ends every rank alike
-        base = base_model_dir(rt)
-        ckpt = checkpoint.latest(rt.run_dir)
-        if ckpt is not None and not resume:
-            raise ResumeError(f"{ckpt} exists: pass --resume to continue this run, or use a new run.dir")
-        if ranks.distributed and not rt.redis.url:
-            raise ResumeError("redis.url: required under torchrun (the ranks cannot share a private Redis)")
-        backend = make_backend(lcfg, base, base if lcfg.kl_coef else None)
-        worker = RankWorker(backend, lcfg)
-        if not ranks.leader:
-            catch_stop_signals(ranks)
-            follow(worker, ranks)
-            return None
-        trainer = Trainer(worker, ranks)
-        try:
-            return await _lead(rt, trainer, ckpt if resume else None, base, publisher_factory)
-        finally:
-            trainer.close()
+        state = await _run(rt, ranks, resume, publisher_factory)
+        clean = True
+        return state
     finally:
-        shutdown(ranks)
+        shutdown(ranks, clean)
+
+
+async def _run(rt: LearnerRuntime, ranks: Ranks, resume: bool,
+               publisher_factory: PublisherFactory | None) -> LearnerState | None:
+    """Everything that holds the model (so it is gone before the process group, see shutdown)."""
+    from learner.backends import make_backend
+
+    lcfg = rt.learner
+    # the same checks on every rank (same config, same shared run directory), before any
+    # collective, so a refusal ends every rank alike
+    base = base_model_dir(rt)
+    ckpt = checkpoint.latest(rt.run_dir)
+    if ckpt is not None and not resume:
+        raise ResumeError(f"{ckpt} exists: pass --resume to continue this run, or use a new run.dir")
+    if ranks.distributed and not rt.redis.url:
+        raise ResumeError("redis.url: required under torchrun (the ranks cannot share a private Redis)")
+    backend = make_backend(lcfg, base, base if lcfg.kl_coef else None)
+    worker = RankWorker(backend, lcfg)
+    if not ranks.leader:
+        catch_stop_signals(ranks)
+        follow(worker, ranks)
+        return None
+    trainer = Trainer(worker, ranks)
+    try:
+        return await _lead(rt, trainer, ckpt if resume else None, base, publisher_factory)
+    finally:
+        trainer.close()
 
 
 async def _lead(rt: LearnerRuntime, trainer: Trainer, ckpt: Path | None, base: str,

@@ -109,7 +109,7 @@ def main() -> None:
             if args.out:
                 Path(args.out).write_text(json.dumps(out))
     finally:
-        shutdown(ranks)
+        shutdown(ranks, clean=True)
 
 
 if __name__ == "__main__":

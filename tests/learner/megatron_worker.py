@@ -117,7 +117,7 @@ def main() -> None:
         if ranks.leader:
             torch.save(out, args.out)
     finally:
-        shutdown(ranks)
+        shutdown(ranks, clean=True)
 
 
 if __name__ == "__main__":
