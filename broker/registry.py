@@ -18,6 +18,10 @@ from broker.connection import reply
 from broker.keys import ACTOR_TTL_S, PIN_TTL_S, SERVER_TTL_S, Keys
 
 SERVER_STATES = ("starting", "ready", "draining", "updating", "failed")
+# What a server is for: "policy" serves the trained policy (pinned by actors, updated by weight
+# sync); "prm" serves a process reward model's judge (never pinned, never updated).
+ROLES = ("policy", "prm")
+Role = Literal["policy", "prm"]
 
 
 class ServerMeta(BaseModel):
@@ -31,6 +35,8 @@ class ServerMeta(BaseModel):
     model: str = Field("", description="The model path the server started from.")
     tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks: a weight-update group gets one "
                          "receiving rank per tensor-parallel rank of the server.")
+    role: Role = Field("policy", description="policy: the trained policy (pinned by actors, updated "
+                       "by weight sync); prm: a process reward model's judge (neither).")
 
     @model_validator(mode="after")
     def _sglang_names_its_tp_size(self) -> ServerMeta:
@@ -92,6 +98,7 @@ class ServerInfo:
     meta: ServerMeta | None = None  # None: missing or invalid (meta_error says why)
     meta_error: str = ""
     age_s: float = 0.0
+    role: str = "policy"  # the hash's own `role` field: known even when meta is invalid
 
     @property
     def alive(self) -> bool:
@@ -124,8 +131,9 @@ class ServerRegistry:
     for i = 5, #ARGV do
       local id, h, pk = ARGV[i], KEYS[2 * (i - 4)], KEYS[2 * (i - 4) + 1]
       if redis.call('SISMEMBER', KEYS[1], id) == 1 then
-        local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat')
-        if f[1] == 'ready' and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
+        local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat', 'role')
+        local policy = (not f[4]) or f[4] == 'policy'
+        if policy and f[1] == 'ready' and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
           local v = tonumber(f[2])
           if v and v >= min_v then
             redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
@@ -194,7 +202,8 @@ class ServerRegistry:
                        state: str = "starting") -> None:
         _check_state(state)
         await self._set(server_id, True, True, url=url, version="" if version is None else version,
-                        state=state, error="", meta=meta.model_dump_json(), host=socket.gethostname())
+                        state=state, error="", meta=meta.model_dump_json(), role=meta.role,
+                        host=socket.gethostname())
 
     async def heartbeat(self, server_id: str, version: int | None = None, state: str | None = None) -> bool:
         """False when the server has no entry (it must register again)."""
@@ -207,7 +216,8 @@ class ServerRegistry:
         _check_state(state)
         return await self._set(server_id, False, False, state=state, version=version, error=error)
 
-    async def list(self, alive_only: bool = False) -> list[ServerInfo]:
+    async def list(self, alive_only: bool = False, role: Role | None = None) -> list[ServerInfo]:
+        """Every registered server (`role`: only those of that role)."""
         ids = await self._ids()
         now_raw, rows = await self._list(keys=self._server_keys(ids), args=ids)
         now = float(_s(now_raw))
@@ -217,6 +227,8 @@ class ServerRegistry:
             if not h:
                 continue
             info = _server_info(_s(sid), h, int(pins), now)
+            if role is not None and info.role != role:
+                continue
             if info.alive or not alive_only:
                 out.append(info)
         return sorted(out, key=lambda s: s.id)
@@ -234,8 +246,8 @@ class ServerRegistry:
         await pipe.execute()
 
     async def pin(self, pin_id: str, min_version: int = 0, ttl_s: float = PIN_TTL_S) -> ServerInfo | None:
-        """Bind an episode to the ready server with the newest version (>= min_version), then
-        the fewest live pins. None when no server qualifies."""
+        """Bind an episode to the ready policy server with the newest version (>= min_version),
+        then the fewest live pins. None when no server qualifies (a prm server never does)."""
         ids = await self._ids()
         sid = await self._pin(keys=self._server_keys(ids),
                               args=[pin_id, min_version, ttl_s, SERVER_TTL_S, *ids])
@@ -272,6 +284,7 @@ def _server_info(sid: str, h: dict[str, str], pins: int, now: float) -> ServerIn
         id=sid, url=h.get("url", ""), version=int(ver) if ver.lstrip("-").isdigit() else None,
         state=h.get("state", "starting"), heartbeat=hb, pins=pins, error=h.get("error", ""),
         meta=meta, meta_error=meta_error, age_s=max(0.0, now - hb),
+        role=h.get("role") or (meta.role if meta is not None else "policy"),
     )
 
 

@@ -51,7 +51,7 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
                    "versions": sorted((await PolicyRegistry(redis, keys).manifests()).keys())},
         "admission": await Admission(redis, keys, admission).capacity(),
         "servers": [{"id": s.id, "url": s.url, "version": s.version, "state": s.state,
-                     "pins": s.pins, "alive": s.alive, "error": s.error}
+                     "pins": s.pins, "alive": s.alive, "error": s.error, "role": s.role}
                     for s in await ServerRegistry(redis, keys).list()],
         "actors": await ActorRegistry(redis, keys).list(),
         "learner": learner,
@@ -76,19 +76,26 @@ def render(st: dict[str, Any]) -> Any:
     if st["learner"]:
         head.add_row("learner step", st["learner"].get("step", "-"), "learner version",
                      st["learner"].get("version", "-"))
-    servers = Table(title="inference servers", title_justify="left")
-    for col in ("id", "url", "version", "state", "pins", "alive"):
-        servers.add_column(col)
-    for sv in st["servers"]:
-        servers.add_row(sv["id"], sv["url"], str(sv["version"]), sv["state"] + (f" ({sv['error']})" if sv["error"] else ""),
-                        str(sv["pins"]), "yes" if sv["alive"] else "no")
+    pools = []  # one table per role: the policy's servers, and the PRM judges when there are any
+    for role, title in (("policy", "inference servers (policy)"), ("prm", "PRM judge servers")):
+        rows = [sv for sv in st["servers"] if sv.get("role", "policy") == role]
+        if role != "policy" and not rows:
+            continue
+        servers = Table(title=title, title_justify="left")
+        for col in ("id", "url", "version", "state", "pins", "alive"):
+            servers.add_column(col)
+        for sv in rows:
+            servers.add_row(sv["id"], sv["url"], str(sv["version"]),
+                            sv["state"] + (f" ({sv['error']})" if sv["error"] else ""),
+                            str(sv["pins"]), "yes" if sv["alive"] else "no")
+        pools.append(servers)
     actors = Table(title="actors", title_justify="left")
     for col in ("id", "host", "pid", "running", "episodes"):
         actors.add_column(col)
     for ac in st["actors"]:
         actors.add_row(ac["id"], str(ac["host"]), str(ac["pid"]), f"{ac['running']}/{ac['concurrency']}",
                        str(ac["totals"].get("episodes", 0)))
-    return Group(head, servers, actors)
+    return Group(head, *pools, actors)
 
 
 def to_json(st: dict[str, Any]) -> str:

@@ -3,6 +3,8 @@ client of the run shares)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from common.settings import Section
@@ -19,6 +21,10 @@ class InferenceConfig(Section):
         1, ge=1, description="Tensor-parallel size the CPU server acts as: it registers this tp_size and "
         "joins a weight-update group with this many receiving ranks (rank_offset + tp_rank), as an "
         "SGLang server of that size does. Generation itself runs on one worker either way.")
+    role: Literal["policy", "prm"] = Field(
+        "policy", description="What the server is for, registered with it: policy (pinned by actors, "
+        "updated by weight sync) or prm (a process reward model's judge: actors send it judge "
+        "prompts; weight sync never touches it).")
     threads: int = Field(2, ge=1, description="torch threads of the CPU server's generation worker.")
     max_batch_size: int = Field(32, ge=1, description="Most requests the CPU server decodes in one batch.")
     max_prefill_tokens: int = Field(

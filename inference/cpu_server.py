@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from broker.keys import Keys
-from broker.registry import ServerMeta
+from broker.registry import Role, ServerMeta
 from common.logs import get_logger
 from inference import api_schema as S
 from inference.api_schema import ApiError, add_api_key
@@ -51,6 +51,7 @@ class ServerSettings:
     max_prefill_tokens: int = 8192
     seed: int = 0
     tp_size: int = 1  # receiving ranks in a weight-update group (as an SGLang server of this tp size)
+    role: Role = "policy"  # registered: a prm server is a judge, never pinned nor updated
     redis_url: str | None = None
     redis_cfg: RedisConfig | None = None
     keys: Keys | None = None  # the run's registry keys (with redis_url)
@@ -99,7 +100,8 @@ class CpuServer:
                 raise ValueError("a server that registers (redis_url) needs the run's keys")
             self.membership = Membership(
                 settings.redis_url, settings.keys, settings.id, settings.url,
-                ServerMeta(kind="swarl-cpu", model=settings.model_dir, tp_size=settings.tp_size),
+                ServerMeta(kind="swarl-cpu", model=settings.model_dir, tp_size=settings.tp_size,
+                           role=settings.role),
                 version=lambda: self.engine.weight_version, heartbeat_s=settings.heartbeat_s,
                 wake=self.version_changed, redis_cfg=settings.redis_cfg)
 
@@ -344,7 +346,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
             if srv.membership is not None:  # leaves the registry before the engine stops
                 await stack.enter_async_context(srv.membership)
             log.info("inference_server_ready", url=settings.url, model=settings.model_dir,
-                     version=srv.engine.weight_version, server_id=settings.id, tp_size=settings.tp_size)
+                     version=srv.engine.weight_version, server_id=settings.id, tp_size=settings.tp_size,
+                     role=settings.role)
             yield
 
     app = FastAPI(title="swarl CPU inference server (SGLang API)", lifespan=lifespan)

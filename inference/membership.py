@@ -129,12 +129,15 @@ class Membership:
             log.warning("server_entry_lost", server_id=self.server_id)
             self.registered = False
         current = await _bounded(PolicyRegistry(self.servers.redis, self.keys).current())
-        ready = self.any_version_ready or (version is not None and version >= current)
+        # a judge (role prm) serves its own weights: no policy version applies to it
+        ready = self.any_version_ready or self.meta.role == "prm" or (
+            version is not None and version >= current)
         state = "ready" if ready else "starting"
         await _bounded(self.servers.register(self.server_id, self.url, version, meta=self.meta, state=state))
         self.registered = True
         log.info("server_registered", server_id=self.server_id, url=self.url, version=version,
-                 state=state, policy_current=current, kind=self.meta.kind, tp_size=self.meta.tp_size)
+                 state=state, policy_current=current, kind=self.meta.kind, tp_size=self.meta.tp_size,
+                 role=self.meta.role)
 
     async def _read_version(self) -> str:
         v = self.version()

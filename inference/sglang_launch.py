@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from broker.keys import Keys
-from broker.registry import ServerMeta
+from broker.registry import Role, ServerMeta
 from common.logs import get_logger
 from inference.client import SGLangClient
 from inference.membership import Membership
@@ -63,7 +63,8 @@ def build_command(spec: SGLangLaunch) -> list[str]:
 
 def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, keys: Keys,
                      server_id: str | None = None, advertise_url: str | None = None,
-                     heartbeat_s: float = 3.0, start_timeout_s: float = 1800.0) -> int:
+                     heartbeat_s: float = 3.0, start_timeout_s: float = 1800.0,
+                     role: Role = "policy") -> int:
     """Start SGLang, wait for /health, register it, heartbeat until it exits; its exit code."""
     proc = subprocess.Popen(cmd)
     url = advertise_url or spec.url
@@ -78,7 +79,7 @@ def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, 
     if not redis_url:
         return proc.wait()
     try:
-        asyncio.run(_supervise(proc, spec, redis_url, keys, sid, url, heartbeat_s, start_timeout_s))
+        asyncio.run(_supervise(proc, spec, redis_url, keys, sid, url, heartbeat_s, start_timeout_s, role))
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -90,7 +91,7 @@ def run_and_register(spec: SGLangLaunch, cmd: list[str], redis_url: str | None, 
 
 
 async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str, keys: Keys, sid: str,
-                     url: str, heartbeat_s: float, start_timeout_s: float) -> None:
+                     url: str, heartbeat_s: float, start_timeout_s: float, role: Role = "policy") -> None:
     """Wait (bounded) until SGLang answers /health, then keep its registry entry while it runs."""
     async with SGLangClient(spec.url, api_key=spec.api_key, timeout_s=10, retries=0) as client:
         deadline = time.monotonic() + start_timeout_s
@@ -101,6 +102,6 @@ async def _supervise(proc: subprocess.Popen, spec: SGLangLaunch, redis_url: str,
         if proc.poll() is not None:
             return
         async with Membership(redis_url, keys, sid, url,
-                              ServerMeta(kind="sglang", model=spec.model, tp_size=spec.tp_size),
+                              ServerMeta(kind="sglang", model=spec.model, tp_size=spec.tp_size, role=role),
                               version=client.get_weight_version, heartbeat_s=heartbeat_s):
             await asyncio.to_thread(proc.wait)  # SIGTERM/SIGINT are forwarded to SGLang: it exits

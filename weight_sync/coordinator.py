@@ -16,6 +16,9 @@ looked at again after retry_failed_s. A failed update leaves the server at its o
 "ready" with the error when the server answered that it kept its old weights, else "failed";
 either way it is tried again after retry_failed_s, and the run goes on.
 
+Only policy servers are ours: a server registered with role "prm" (a process reward model's
+judge) keeps its own weights and version, and is never drained, updated or counted here.
+
 A server whose registered meta is missing or invalid (ServerInfo.meta is None) has no known
 tensor-parallel size, which is the world size of its group: it is never given a group with a
 guessed size. It is updated from disk instead (the checkpoint is written either way), logged
@@ -162,7 +165,7 @@ class Coordinator:
         if self.in_flight:
             return False
         refused = any(v == version for _, v in self.refused)
-        for s in await self.servers.list(alive_only=True):
+        for s in await self.servers.list(alive_only=True, role="policy"):
             if (s.version or 0) >= version and s.state == "ready":
                 continue
             if self.attempted.get(s.id, -1) >= version or refused:
@@ -181,7 +184,7 @@ class Coordinator:
 
     async def _step(self) -> None:
         current = await self.policy.current()
-        servers = await self.servers.list(alive_only=True)
+        servers = await self.servers.list(alive_only=True, role="policy")
         await self._forget(servers)
         await self._retain(servers)
         self._release_delivered(servers, current)

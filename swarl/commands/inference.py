@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
+from broker.registry import ROLES, Role
 from swarl.cliutil import ConfigOpt, SetOpt, load
 
 inference_app = typer.Typer(help="Inference servers: swarl's CPU server and real SGLang.", no_args_is_help=True)
@@ -40,6 +41,8 @@ def serve(
     max_batch_size: Annotated[int | None, typer.Option("--max-batch-size", help="Most requests per decode batch.")] = None,
     tp_size: Annotated[int | None, typer.Option(
         "--tp-size", help="Tensor-parallel size to act as in weight-update groups (default inference.tp_size).")] = None,
+    role: Annotated[str | None, typer.Option(
+        "--role", help="policy | prm (a judge: never pinned nor updated; default inference.role).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -48,6 +51,7 @@ def serve(
         "inference.model": model, "inference.port": port, "inference.host": host,
         "inference.weight_version": weight_version, "inference.threads": threads,
         "inference.max_batch_size": max_batch_size, "inference.tp_size": tp_size, "run.id": run_id,
+        "inference.role": role,
     })
     ic = cfg.inference
     if not ic.model:
@@ -69,7 +73,7 @@ def serve(
     settings = ServerSettings(
         model_dir=ic.model, host=ic.host, port=ic.port, weight_version=ic.weight_version, api_key=key,
         max_batch_size=ic.max_batch_size, max_prefill_tokens=ic.max_prefill_tokens, seed=ic.seed,
-        tp_size=ic.tp_size, redis_url=redis_url or cfg.redis.url, redis_cfg=cfg.redis, keys=cfg.keys,
+        tp_size=ic.tp_size, role=ic.role, redis_url=redis_url or cfg.redis.url, redis_cfg=cfg.redis, keys=cfg.keys,
         server_id=server_id, advertise_url=advertise_url, heartbeat_s=ic.heartbeat_s,
     )
     app = create_app(settings)
@@ -93,6 +97,8 @@ def launch_sglang(
     redis_url: Annotated[str | None, typer.Option("--redis-url", help="Register in this Redis's server registry.")] = None,
     advertise_url: Annotated[str | None, typer.Option("--advertise-url", help="URL others reach the server at.")] = None,
     server_id: Annotated[str | None, typer.Option("--server-id", help="Registry id (default host:port).")] = None,
+    role: Annotated[str, typer.Option("--role", help="policy | prm (registered: a prm server is a "
+                                      "judge, never pinned nor updated by weight sync).")] = "policy",
     run: Annotated[bool, typer.Option("--run", help="Start SGLang (and register it) instead of printing.")] = False,
     extra: Annotated[list[str] | None, typer.Option("--extra", help="Extra SGLang argument (repeatable).")] = None,
     config: ConfigOpt = None,
@@ -104,6 +110,9 @@ def launch_sglang(
     from inference.sglang_launch import SGLangLaunch, build_command, run_and_register
 
     cfg = load(config, sets)
+    if role not in ROLES:
+        typer.echo(f"swarl: --role: {role!r} not one of {ROLES}", err=True)
+        raise typer.Exit(2)
     key = api_key or os.environ.get(API_KEY_ENV) or cfg.inference.api_key
     spec = SGLangLaunch(model=model, port=port, host=host, tp_size=tp_size, weight_version=weight_version,
                         mem_fraction=mem_fraction, api_key=key, base_gpu_id=base_gpu_id, extra=extra or [])
@@ -117,7 +126,8 @@ def launch_sglang(
     if run:
         raise typer.Exit(run_and_register(spec, cmd, redis_url or cfg.redis.url, cfg.keys,
                                           server_id=server_id, advertise_url=advertise_url,
-                                          heartbeat_s=cfg.inference.heartbeat_s))
+                                          heartbeat_s=cfg.inference.heartbeat_s,
+                                          role=cast("Role", role)))
 
 
 @model_app.command("init-tiny")

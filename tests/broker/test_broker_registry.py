@@ -105,3 +105,21 @@ async def test_updates_never_recreate_a_lost_entry(aredis, keys):
     await reg.register("s", "http://s", 2, meta=META, state="ready")
     (s,) = await reg.list()
     assert (s.url, s.version, s.state, s.meta) == ("http://s", 2, "ready", META)
+
+
+async def test_prm_servers_are_a_pool_of_their_own(aredis, keys):
+    """A judge (role prm) is listed in its own pool and never pinned, however new its version."""
+    reg = ServerRegistry(aredis, keys)
+    await reg.register("judge", "http://j", 9, meta=ServerMeta(kind="scripted", role="prm"), state="ready")
+    assert await reg.pin("p0") is None  # only a judge is ready: an episode gets no server
+    await reg.register("pol", "http://p", 0, meta=META, state="ready")
+    assert (await reg.pin("p1")).id == "pol"  # v0 policy beats a v9 judge: judges never qualify
+    assert [s.id for s in await reg.list(role="prm")] == ["judge"]
+    assert [s.id for s in await reg.list(role="policy")] == ["pol"]
+    assert {s.id: s.role for s in await reg.list()} == {"judge": "prm", "pol": "policy"}
+    # the role is its own hash field: known even when the meta is unreadable
+    await aredis.hset(keys.server("judge"), "meta", "{not json")
+    judge = await reg.get("judge")
+    assert judge.meta is None and judge.role == "prm"
+    with pytest.raises(ValueError, match="role"):
+        ServerMeta(kind="scripted", role="critic")
