@@ -6,6 +6,11 @@ worker would hold its jobs for that long. swarl lets a healthy worker run a job 
 (job_timeout) while a dead worker's claim lapses within claim_ttl_s: a task inside the job
 renews the claim (PEXPIRE) every claim_renew_s, and the claim is cut to claim_ttl_s at once.
 Delivery is at-least-once, so rollouts are idempotent (sample ids dedupe in the learner).
+
+Jobs and results are msgpack, never pickles (arq's default): whoever can write to Redis must
+not be able to run code on every actor. `dump_job` / `load_job` are arq's job_serializer /
+job_deserializer on both sides (the enqueueing pool and the worker); a payload that is not
+msgpack (a pickle above all) is refused with an error naming it, and nothing of it runs.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
+import msgpack
 import redis.asyncio as aioredis
 from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
@@ -32,9 +38,46 @@ from common.logs import get_logger
 log = get_logger("broker.tasks")
 JOB_FUNCTION = "rollout"
 KEEP_RESULT_S = 7 * 24 * 3600
-__all__ = ["JOB_FUNCTION", "Job", "Retry", "enqueue_jobs", "record_failure", "worker_settings"]
+__all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "dump_job", "enqueue_jobs", "load_job",
+           "record_failure", "worker_settings"]
+_TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_PICKLE_PROTO = 0x80  # every pickle of protocol >= 2 starts with PROTO 0x80
 
 Rollout = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
+
+
+class JobFormatError(ValueError):
+    """A job or result in Redis that is not swarl's msgpack (arq wraps it in DeserializationError)."""
+
+
+def _data_only(obj: Any) -> Any:
+    """msgpack's fallback: an exception (arq stores a failed job's exception as its result)
+    becomes its text; anything else that is not plain data is refused."""
+    if isinstance(obj, BaseException):
+        return f"{type(obj).__name__}: {obj}"
+    raise TypeError(f"job data must be plain data (dict, list, str, int, float, bool, None, bytes), "
+                    f"got {type(obj).__name__}")
+
+
+def dump_job(data: dict[str, Any]) -> bytes:
+    """arq's job_serializer: msgpack (tuples become lists)."""
+    return msgpack.packb(data, default=_data_only, use_bin_type=True)
+
+
+def load_job(raw: bytes) -> dict[str, Any]:
+    """arq's job_deserializer: msgpack only; a pickle is named and refused, never loaded."""
+    if raw[:1] == bytes([_PICKLE_PROTO]):
+        log.error("job_refused", reason="pickled payload", bytes=len(raw))
+        raise JobFormatError("job payload is a pickle, refused: swarl reads msgpack jobs only "
+                             "(a pickle would run code on the actor that loads it)")
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as e:
+        log.error("job_refused", reason=f"not msgpack: {type(e).__name__}", bytes=len(raw))
+        raise JobFormatError(f"job payload is not msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(data, dict):
+        raise JobFormatError(f"job payload must be a msgpack map, got {type(data).__name__}")
+    return data
 
 
 def arq_settings(url: str) -> RedisSettings:
@@ -45,13 +88,17 @@ def arq_settings(url: str) -> RedisSettings:
         return RedisSettings(host=hosts, sentinel=True, sentinel_master=master, database=db,
                              password=opts.get("password"), ssl=bool(opts.get("ssl")))
     s = RedisSettings.from_dsn(url)
+    # from_dsn drops the query; keep the TLS options redis-py's from_url reads from it.
+    for k, v in parse_qs(urlparse(url).query).items():
+        if k in _TLS_QUERY:
+            setattr(s, k, v[0].lower() in ("1", "true", "yes") if k == "ssl_check_hostname" else v[0])
     s.conn_timeout = 5
     s.conn_retries = 5
     return s
 
 
 async def arq_pool(url: str) -> ArqRedis:
-    return await create_pool(arq_settings(url))
+    return await create_pool(arq_settings(url), job_serializer=dump_job, job_deserializer=load_job)
 
 
 @dataclass(frozen=True)
@@ -162,6 +209,8 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
                            timeout=q.job_timeout_s, keep_result=KEEP_RESULT_S)],
         "queue_name": keys.queue,
         "redis_settings": arq_settings(redis_url),
+        "job_serializer": dump_job,
+        "job_deserializer": load_job,
         "max_jobs": max_jobs,
         "job_timeout": q.job_timeout_s,
         "poll_delay": q.poll_delay_s,
