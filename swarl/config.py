@@ -10,9 +10,11 @@ own sections (and the run's Keys, built here once).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import Field
@@ -92,5 +94,28 @@ def load_config(
     return SwarlConfig.load(cfg_path, overrides, environ)
 
 
-def dump_config(cfg: SwarlConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+SECRET_KEY = re.compile(r"(^|_)(token|api_key|password|secret)$")
+MASK = "***"
+
+
+def redact(value: object, key: str = "") -> object:
+    """`value` with secrets masked: any key named *token / *api_key / *password / *secret, and
+    the password of any URL (redis://user:PASSWORD@host)."""
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, key) for v in value]
+    if value is not None and SECRET_KEY.search(key):
+        return MASK
+    if isinstance(value, str) and "://" in value and "@" in value:
+        u = urlsplit(value)
+        if u.password:
+            netloc = u.netloc.replace(f":{u.password}@", f":{MASK}@", 1)
+            return urlunsplit(u._replace(netloc=netloc))
+    return value
+
+
+def dump_config(cfg: SwarlConfig, secrets: bool = False) -> str:
+    """The config as YAML, secrets masked unless `secrets`."""
+    doc = cfg.model_dump(mode="json")
+    return yaml.safe_dump(doc if secrets else redact(doc), sort_keys=False)
