@@ -118,7 +118,8 @@ class Keys:
     # -- envd pool ----------------------------------------------------------------------
     @property
     def pool_nodes(self) -> str:
-        """Hash node_url -> JSON {state: active/draining, added}."""
+        """Hash node_url -> JSON {state: active/draining, added, healthy, checked, error, running,
+        node_id (the envd's own id, from its /healthz: image_nodes is keyed by it)}."""
         return f"{self.base}:pool:nodes"
 
     @property
@@ -135,6 +136,17 @@ class Keys:
         """Hash node_url -> number of leases on it; kept by the pool's reserve and release
         scripts, in step with pool_leases."""
         return f"{self.base}:pool:load"
+
+    def image_nodes(self, image: str) -> str:
+        """Hash node_id -> `ready`, or `pulling:<unix s>` (a lease was placed there and the
+        node is pulling). Written by envd as images arrive and leave (and by the pool's reserve
+        script for `pulling`); read by the reserve script to place leases where the image is."""
+        return f"{self.base}:images:{image}"
+
+    def envd_images(self, node_id: str) -> str:
+        """Hash image -> last use (unix s) of the task images envd on `node_id` manages: its
+        own record, for LRU eviction and to withdraw its entries from image_nodes."""
+        return f"{self.base}:envd:{node_id}:images"
 
     def envd_leases(self, node_id: str) -> str:
         """Sorted set container_id -> lease expiry, kept by the envd on node `node_id`."""

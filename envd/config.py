@@ -48,5 +48,11 @@ class PoolConfig(Section):
     health_interval_s: float = Field(5.0, description="How often each node's /healthz is checked.")
     health_stale_s: float = Field(20.0, description="A node whose last good check is older is not allocated to.")
     reap_interval_s: float = Field(2.0, description="How often expired leases are closed.")
+    image_affinity: bool = Field(
+        True, description="Place a lease on a node that holds (or is pulling) its image while one has "
+                          "room; false: always the least-loaded node.")
+    pulling_stale_s: float = Field(
+        2400.0, description="A node marked as pulling an image for this long without it arriving no "
+                            "longer attracts that image's leases (above envd.pull_timeout_s).")
     node_timeout_s: float = Field(30.0, description="HTTP timeout for short calls to nodes (exec adds its own timeout).")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")

@@ -54,30 +54,64 @@ from envd.schemas import (
 
 log = get_logger("pool")
 
-# KEYS: nodes hash, leases zset, load hash, the new lease's hash.
-# ARGV: lease_id, now, expiry, max_total, max_per_node, stale_s, image, instance_id, owner.
+# KEYS: nodes hash, leases zset, load hash, the new lease's hash, the image's nodes hash.
+# ARGV: lease_id, now, expiry, max_total, max_per_node, stale_s, image, instance_id, owner,
+#       affinity (1/0), pulling_stale_s.
+# Placement: among healthy active nodes under the per-node cap, one that holds the image
+# (`ready`, or `pulling` since less than pulling_stale_s) wins; ties and the rest go to the
+# least loaded. A node chosen without the image is marked `pulling`, so the leases that follow
+# in the same burst join its pull instead of starting one elsewhere.
 _RESERVE = """
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return {'full', 'all ' .. ARGV[4] .. ' leases in use'} end
 local now, stale, cap = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV[5])
+local affinity, pulling_stale = ARGV[10] == '1', tonumber(ARGV[11])
 local nodes = redis.call('HGETALL', KEYS[1])
-local best, best_load, eligible = nil, nil, 0
+local best, best_load, best_has, best_id, eligible = nil, nil, false, nil, 0
 for i = 1, #nodes, 2 do
   local info = cjson.decode(nodes[i + 1])
   if info.state == 'active' and info.healthy == true and now - (info.checked or 0) <= stale then
     eligible = eligible + 1
     local l = tonumber(redis.call('HGET', KEYS[3], nodes[i]) or '0')
-    if l < cap and (best == nil or l < best_load) then best, best_load = nodes[i], l end
+    if l < cap then
+      local has = false
+      local nid = info.node_id
+      if affinity and type(nid) == 'string' and nid ~= '' then
+        local v = redis.call('HGET', KEYS[5], nid)
+        if v == 'ready' then has = true
+        elseif v and string.sub(v, 1, 8) == 'pulling:' then
+          has = now - (tonumber(string.sub(v, 9)) or 0) <= pulling_stale
+        end
+      end
+      if best == nil or (has and not best_has) or (has == best_has and l < best_load) then
+        best, best_load, best_has, best_id = nodes[i], l, has, nid
+      end
+    end
   end
 end
 if best == nil then
   if eligible == 0 then return {'no_nodes', 'no healthy active node'} end
   return {'full', 'every healthy node has ' .. ARGV[5] .. ' leases'}
 end
+if affinity and not best_has and type(best_id) == 'string' and best_id ~= '' then
+  redis.call('HSET', KEYS[5], best_id, 'pulling:' .. ARGV[2])
+end
 redis.call('HSET', KEYS[4], 'node_url', best, 'state', 'creating', 'container_id', '',
            'image', ARGV[7], 'instance_id', ARGV[8], 'owner', ARGV[9], 'created', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('HINCRBY', KEYS[3], best, 1)
 return {'ok', best}
+"""
+
+# KEYS: nodes hash, the image's nodes hash.  ARGV: node url.
+# A create that failed on a node leaves no `pulling` mark there (a `ready` one stays).
+_UNMARK_PULLING = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local nid = cjson.decode(v).node_id
+if type(nid) ~= 'string' or nid == '' then return 0 end
+local mark = redis.call('HGET', KEYS[2], nid)
+if mark and string.sub(mark, 1, 8) == 'pulling:' then redis.call('HDEL', KEYS[2], nid) return 1 end
+return 0
 """
 
 # KEYS: leases zset, lease hash, load hash.  ARGV: lease_id.
@@ -91,7 +125,7 @@ if node and redis.call('HINCRBY', KEYS[3], node, -1) <= 0 then redis.call('HDEL'
 return h
 """
 
-# KEYS: nodes hash.  ARGV: url, healthy (0/1), checked, error, running.
+# KEYS: nodes hash.  ARGV: url, healthy (0/1), checked, error, running, node_id ('' = unknown).
 _HEALTH = """
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end
@@ -100,6 +134,7 @@ info.healthy = ARGV[2] == '1'
 info.checked = tonumber(ARGV[3])
 info.error = ARGV[4]
 info.running = tonumber(ARGV[5])
+if ARGV[6] ~= '' then info.node_id = ARGV[6] end
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(info))
 return 1
 """
@@ -150,6 +185,7 @@ class PoolState:
         self._set_state = redis.register_script(_SET_STATE)
         self._forget_drained = redis.register_script(_FORGET_DRAINED)
         self._activate = redis.register_script(_ACTIVATE)
+        self._unmark_pulling = redis.register_script(_UNMARK_PULLING)
 
     @classmethod
     async def open(cls, pcfg: PoolConfig, redis: RedisConfig, keys: Keys) -> PoolState:
@@ -173,9 +209,10 @@ class PoolState:
         raw = await reply(self.redis.hgetall(self.keys.pool_nodes))
         return {_s(k): json.loads(v) for k, v in raw.items()}
 
-    async def set_health(self, url: str, healthy: bool, error: str = "", running: int = 0) -> None:
+    async def set_health(self, url: str, healthy: bool, error: str = "", running: int = 0,
+                         node_id: str = "") -> None:
         await self._health(keys=[self.keys.pool_nodes],
-                           args=[url, 1 if healthy else 0, time.time(), error, running])
+                           args=[url, 1 if healthy else 0, time.time(), error, running, node_id])
 
     async def forget_drained(self, url: str) -> bool:
         """Drop a draining node that has no lease left; False when it is not (yet) such a node."""
@@ -188,13 +225,21 @@ class PoolState:
 
     # -- leases --------------------------------------------------------------------
     async def reserve(self, lease_id: str, image: str, instance_id: str, owner: str) -> tuple[str, str]:
+        """('ok', node url) or (reason, detail); with pool.image_affinity a node holding (or
+        pulling) `image` is preferred while it has room."""
         now = time.time()
         status, detail = await self._reserve(
             keys=[self.keys.pool_nodes, self.keys.pool_leases, self.keys.pool_load,
-                  self.keys.pool_lease(lease_id)],
+                  self.keys.pool_lease(lease_id), self.keys.image_nodes(image)],
             args=[lease_id, now, now + self.pcfg.lease_ttl_s, self.pcfg.max_concurrent,
-                  self.pcfg.max_per_node, self.pcfg.health_stale_s, image, instance_id, owner])
+                  self.pcfg.max_per_node, self.pcfg.health_stale_s, image, instance_id, owner,
+                  1 if self.pcfg.image_affinity else 0, self.pcfg.pulling_stale_s])
         return _s(status), _s(detail)
+
+    async def unmark_pulling(self, url: str, image: str) -> bool:
+        """Drop the `pulling` mark the reserve script left on node `url` for `image`."""
+        return bool(await self._unmark_pulling(keys=[self.keys.pool_nodes, self.keys.image_nodes(image)],
+                                               args=[url]))
 
     async def activate(self, lease_id: str, container_id: str) -> bool:
         """Record the lease's container; False when the lease was reaped meanwhile."""
@@ -300,7 +345,7 @@ class Pool:
                 return
             healthy = bool(body.get("ok"))
             await state.set_health(url, healthy, "" if healthy else str(body.get("error", "")),
-                                   int(body.get("running_containers", 0)))
+                                   int(body.get("running_containers", 0)), str(body.get("node_id") or ""))
 
         await asyncio.gather(*(one(u, i) for u, i in (await state.nodes()).items()))
         self.metrics.leases.set(await state.count())
@@ -348,10 +393,12 @@ class Pool:
                         http_timeout_s=self.ecfg.create_timeout_s + 10)
                 except EnvRequestError as e:  # the request's fault (e.g. unknown image)
                     await self.state.release(lease_id)
+                    await self.state.unmark_pulling(node, req.image)
                     self.metrics.allocations.labels("rejected").inc()
                     raise ApiError(e.status, str(e), node_url=node) from None
                 except EnvError as e:
                     await self.state.release(lease_id)
+                    await self.state.unmark_pulling(node, req.image)
                     self.metrics.node_errors.labels(node).inc()
                     if e.status is None:  # no answer: take the node out until it answers again
                         await self.state.set_health(node, False, str(e))
