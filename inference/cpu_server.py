@@ -27,6 +27,7 @@ from inference.api_schema import ApiError, add_api_key
 from inference.dist_group import GroupError, ReceivingGroup
 from inference.engine import Engine, GenRequest
 from inference.membership import Membership
+from inference.openai_api import OpenAIBackend, add_openai_routes
 from inference.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -418,6 +419,17 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         req = S.parse(S.DestroyWeightsUpdateGroupReq, await body_of(request))
         status, body = await srv().destroy_group(req.group_name)
         return JSONResponse(body, status_code=status)
+
+    def openai_backend() -> OpenAIBackend:
+        eng = srv().engine
+
+        async def generate(ids: list[int], sp: SamplingParams, logprob: bool) -> dict[str, Any]:
+            return await srv().generate_one(ids, sp, None, logprob, False)
+
+        return OpenAIBackend(model_id=settings.model_dir, tokenizer=eng.tokenizer, generate=generate,
+                             context_len=eng.context_len)
+
+    add_openai_routes(app, openai_backend)  # /v1/models, /v1/completions, /v1/chat/completions
 
     @app.get("/get_weight_version")
     async def get_weight_version():

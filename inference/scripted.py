@@ -4,15 +4,20 @@
 `swarl_scripted_mode` overrides the server's mode); `swarl scripted-policy serve` serves the
 same answers over SGLang's /generate API (plus /get_weight_version, /update_weight_version,
 /health, /health_generate, /get_model_info), with SGLang's API-key rule (inference.api_schema),
-and registers in the server registry as ready, so `swarl actor` uses it like any inference server.
+plus the OpenAI-style /v1 routes (inference.openai_api), and registers in the server registry as
+ready, so `swarl actor` uses it like any inference server. `--mode judge` makes it a process
+reward model's stand-in (ScriptedJudge: known votes per instance and step, role prm).
 Answers are tokenized with the model's tokenizer and end with the eos token; every token gets
 the logprob SCRIPTED_LOGPROB (a script is not a distribution)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +29,25 @@ from broker.registry import ServerMeta
 from inference.api_schema import add_api_key
 from inference.generation import Generation
 from inference.membership import Membership
+from inference.openai_api import OpenAIBackend, OpenAIError, add_openai_routes
 
 if TYPE_CHECKING:
     from broker.config import RedisConfig
 
 SCRIPTED_LOGPROB = math.log(0.9)
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
-MODES = ("fix", "wrong", "noop", "format", "loop", "sleep", "flood")
+MODES = ("fix", "wrong", "noop", "format", "loop", "sleep", "flood", "judge")
+
+# The judge mode (a PRM's scripted stand-in): each judge prompt names the instance (its problem
+# statement) and the step ("(step N)", 1-based, as configs/prompts/prm_judge.yaml writes it);
+# the row's `swarl_prm_votes` lists, per step, the votes its m calls get in turn (the last
+# list serves later steps; without it every vote is the server's default). A vote is "+1" /
+# "-1" (answered with \boxed{}), "bad" (an answer without a score) or "error" (HTTP 500).
+JUDGE_ANSWERS = {"+1": "The command makes progress on the issue.\n\\boxed{+1}",
+                 "-1": "The command does not help with the issue.\n\\boxed{-1}",
+                 "bad": "I cannot judge this step."}
+JUDGE_VOTES = (*JUDGE_ANSWERS, "error")
+_STEP_RE = re.compile(r"\(step (\d+)\)")
 
 
 def _turn(thought: str, command: str) -> str:
@@ -102,8 +119,45 @@ class ScriptedPolicy:
         return self.answer(input_ids, int(sampling.get("max_new_tokens", 128)))
 
 
+class JudgeError(Exception):
+    """A scripted vote of "error": the server answers HTTP 500."""
+
+
+class ScriptedJudge:
+    """Known votes for judge prompts (see JUDGE_ANSWERS); `delay_s` per vote (a slow judge)."""
+
+    def __init__(self, tasks: list[dict[str, Any]] | None = None, default_vote: str = "+1",
+                 delay_s: float = 0.0) -> None:
+        if default_vote not in JUDGE_VOTES:
+            raise ValueError(f"default vote: {default_vote!r} not one of {JUDGE_VOTES}")
+        self.tasks, self.default_vote, self.delay_s = list(tasks or []), default_vote, delay_s
+        self.calls: Counter[tuple[str, int]] = Counter()  # (instance_id, step) -> votes given
+
+    def vote(self, prompt: str) -> str:
+        row = next((r for r in self.tasks if str(r.get("problem_statement", "")).strip()
+                    and str(r["problem_statement"]).strip() in prompt), None)
+        m = _STEP_RE.search(prompt)
+        step = int(m.group(1)) if m else 1
+        key = (str((row or {}).get("instance_id", "")), step)
+        k = self.calls[key]
+        self.calls[key] += 1
+        plan = (row or {}).get("swarl_prm_votes")
+        if not plan:
+            return self.default_vote
+        votes = plan[min(step, len(plan)) - 1]
+        return str(votes[k % len(votes)])
+
+    async def answer(self, prompt: str) -> str:
+        vote = self.vote(prompt)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if vote == "error":
+            raise JudgeError("scripted judge error")
+        return JUDGE_ANSWERS[vote]
+
+
 def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = "",
-               membership: Membership | None = None) -> Any:
+               membership: Membership | None = None, judge: ScriptedJudge | None = None) -> Any:
     """The app; with `membership`, the registry entry lives as long as the app (its lifespan, so
     the entry is gone before uvicorn's shutdown hands a caught SIGTERM back to the process)."""
 
@@ -135,15 +189,37 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
         mnt = sp.get("max_new_tokens", 128)
         if not isinstance(mnt, int) or mnt < 0:
             return err(400, "sampling_params.max_new_tokens: expected a non-negative int")
+        try:
+            return await native(ids, mnt, body.get("rid") or "")
+        except JudgeError as e:
+            return err(500, str(e))
+
+    async def native(ids: list[int], max_new_tokens: int, rid: str = "") -> dict[str, Any]:
+        """One answer in /generate's shape: the script's turn, or (judge mode) a vote."""
         t0 = time.monotonic()
-        g = policy.answer(ids, mnt)
+        if judge is not None:
+            text = await judge.answer(policy.tok.decode(ids, skip_special_tokens=False))
+            g = Generation([*policy.tok(text, add_special_tokens=False)["input_ids"], policy.eos_id],
+                           [], "stop", policy.weight_version, text)
+            g.logprobs = [SCRIPTED_LOGPROB] * len(g.ids)
+        else:
+            g = policy.answer(ids, max_new_tokens)
         finish = ({"type": "stop", "matched": policy.eos_id} if g.finish == "stop"
                   else {"type": "length", "length": len(g.ids)})
         return {"text": g.text, "output_ids": g.ids, "meta_info": {
-            "id": body.get("rid") or "", "prompt_tokens": len(ids),
+            "id": rid, "prompt_tokens": len(ids),
             "completion_tokens": len(g.ids), "cached_tokens": 0, "finish_reason": finish,
             "weight_version": policy.weight_version, "e2e_latency": time.monotonic() - t0,
             "output_token_logprobs": [[lp, t, None] for lp, t in zip(g.logprobs, g.ids, strict=True)]}}
+
+    async def openai_generate(ids: list[int], sp: Any, _logprob: bool) -> dict[str, Any]:
+        try:
+            return await native(ids, int(sp.max_new_tokens or 128))
+        except JudgeError as e:
+            raise OpenAIError(str(e), 500) from None
+
+    add_openai_routes(app, lambda: OpenAIBackend(model_id=model_path or "scripted", tokenizer=policy.tok,
+                                                 generate=openai_generate))
 
     @app.get("/get_weight_version")
     async def get_weight_version() -> Any:
@@ -174,22 +250,25 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
                 weight_version: str, tasks: list[dict[str, Any]], redis_url: str | None,
                 keys: Keys | None, server_id: str | None = None,
                 advertise_url: str | None = None, heartbeat_s: float = 3.0, sleep_s: int = 30,
-                redis_cfg: RedisConfig | None = None) -> None:
+                redis_cfg: RedisConfig | None = None, judge_vote: str = "+1",
+                judge_delay_s: float = 0.0) -> None:
     """Run the scripted server; with redis_url, keep a registry entry (ready at any version: a
     script does not depend on weights) until stopped."""
     import uvicorn
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    policy = ScriptedPolicy(tok, mode, weight_version, tasks, sleep_s=sleep_s)
+    # judge mode: a PRM's stand-in (role prm); the policy object still tokenizes and versions
+    judge = ScriptedJudge(tasks, judge_vote, judge_delay_s) if mode == "judge" else None
+    policy = ScriptedPolicy(tok, "fix" if judge else mode, weight_version, tasks, sleep_s=sleep_s)
     membership = None
     if redis_url:
         if keys is None:
             raise ValueError("a scripted server that registers (redis_url) needs the run's keys")
         membership = Membership(
             redis_url, keys, server_id or f"{host}:{port}", advertise_url or f"http://{host}:{port}",
-            ServerMeta(kind="scripted", model=tokenizer_dir, tp_size=1),
+            ServerMeta(kind="scripted", model=tokenizer_dir, tp_size=1, role="prm" if judge else "policy"),
             version=lambda: policy.weight_version, heartbeat_s=heartbeat_s, any_version_ready=True,
             redis_cfg=redis_cfg)
-    app = create_app(policy, api_key, tokenizer_dir, membership)
+    app = create_app(policy, api_key, tokenizer_dir, membership, judge)
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()

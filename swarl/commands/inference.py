@@ -154,7 +154,8 @@ def _scripted() -> None:
 @scripted_app.command("serve")
 def scripted_serve(
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="HF tokenizer directory.")],
-    mode: Annotated[str, typer.Option("--mode", help="fix | wrong | noop | format | loop | sleep | flood")] = "fix",
+    mode: Annotated[str, typer.Option("--mode", help="fix | wrong | noop | format | loop | sleep | flood | "
+                                      "judge (a PRM stand-in answering known votes; registers as role prm)")] = "fix",
     host: Annotated[str, typer.Option("--host", help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port.")] = 30100,
     api_key: Annotated[str | None, typer.Option("--api-key", help=f"Bearer token required (or {API_KEY_ENV}).")] = None,
@@ -167,6 +168,9 @@ def scripted_serve(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the registry keys (default run.id).")] = None,
     server_id: Annotated[str | None, typer.Option("--server-id", help="Registry id (default host:port).")] = None,
     sleep_s: Annotated[int, typer.Option("--sleep-s", help="Seconds the `sleep` mode's command sleeps.")] = 30,
+    judge_vote: Annotated[str, typer.Option("--judge-vote", help="judge mode: the vote of a row without "
+                                            "swarl_prm_votes: +1 | -1 | bad | error.")] = "+1",
+    judge_delay_s: Annotated[float, typer.Option("--judge-delay-s", help="judge mode: seconds each vote takes.")] = 0.0,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -191,4 +195,5 @@ def scripted_serve(
         rows = load_tasks("all")
     asyncio.run(serve(tokenizer, mode, host, port, key, weight_version, rows,
                       redis_url or cfg.redis.url, cfg.keys, server_id=server_id,
-                      heartbeat_s=cfg.inference.heartbeat_s, sleep_s=sleep_s, redis_cfg=cfg.redis))
+                      heartbeat_s=cfg.inference.heartbeat_s, sleep_s=sleep_s, redis_cfg=cfg.redis,
+                      judge_vote=judge_vote, judge_delay_s=judge_delay_s))
