@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.config import ActorConfig
 from actors.context import ContextExceeded, TokenConversation
 from actors.encoding import ChatEncoder
+from actors.prm import StepJudge, StepView
 from actors.protocols import Env, ExecOutput, Generation, InfraError, Policy
 from actors.templates import PromptTemplates, detect_submission
 from common.logs import get_logger
@@ -65,6 +66,10 @@ class StepRecord:
     format_error: bool = False
     model_time: float = 0.0
     env_time: float = 0.0
+    prm_score: float | None = None   # the PRM's mean vote (None: not judged or unscored)
+    prm_votes: list[int | None] = field(default_factory=list)
+    prm_status: str = ""             # scored | unscored (prm_reason says why) | "" not judged
+    prm_reason: str = ""
 
 
 @dataclass
@@ -80,8 +85,9 @@ class AgentResult:
 class Agent:
     def __init__(self, cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder,
                  policy: Policy, env: Env, pinned_version: int | None = None,
-                 rid_prefix: str = "") -> None:
+                 rid_prefix: str = "", judge: StepJudge | None = None) -> None:
         self.cfg, self.t, self.enc, self.policy, self.env = cfg, templates, encoder, policy, env
+        self.judge = judge  # a PRM judging each executed step in the background
         self.pinned = pinned_version
         self.rid_prefix = rid_prefix
         # live while the loop runs: what a failed episode's trajectory is written from
@@ -131,6 +137,8 @@ class Agent:
         if (sub := detect_submission(self.t, out.returncode, out.output)) is not None:
             raise Submitted(sub.patch)
         self.observe(rec, self.t.render("observation", output=out))
+        if self.judge is not None:  # returns at once: the votes overlap the next steps
+            self.judge.submit(StepView(len(self.steps) - 1, rec.text, action, out.returncode, out.output))
 
     # -- the parts ---------------------------------------------------------------------
     async def query(self) -> StepRecord:

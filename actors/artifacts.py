@@ -45,6 +45,9 @@ def write_trajectory(root: str | Path, job: EpisodeJob, agent: Agent | None, ep:
         traj.update(status=ep.status, reward=ep.reward, resolved=ep.resolved, masked=ep.masked,
                     mask_reason=ep.mask_reason, metrics=ep.metrics,
                     evaluation=None if ep.evaluation is None else asdict(ep.evaluation))
+        if ep.prm:  # the PRM's judgement: per step its score, votes and why a step is unscored
+            traj["prm"] = {"outcome_reward": ep.outcome, "step_rewards": ep.step_rewards,
+                           "steps": [sc.to_dict() for sc in ep.prm]}
     (d / "traj.json").write_text(json.dumps(traj, indent=1, ensure_ascii=False, default=str))
     (d / "patch.diff").write_text(result.patch if result else "")
     (d / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False, default=str))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from common.settings import Section
 
@@ -21,6 +23,40 @@ class SamplingConfig(Section):
     top_k: int = Field(default=-1, description="Top-k (-1 = off).")
     max_new_tokens: int = Field(default=512, description="Longest answer per turn (tokens); also the "
                                 "reserve subtracted from max_context_len for the prompt budget.")
+
+
+class PrmConfig(Section):
+    """Step rewards from a process reward model: every executed step is judged by m votes of a
+    judge LLM (a server of role prm), sent while the agent goes on; reward = outcome +
+    step_coef x mean(step scores), as the seed's --prm-enable."""
+
+    enable: bool = Field(default=False, description="Judge every step with the PRM (off: outcome reward only).")
+    m: int = Field(default=3, ge=1, le=16, description="Votes per step; a step's score is the mean of "
+                   "its valid votes (+1 / -1); an unparseable vote is counted and left out.")
+    step_coef: float = Field(default=1.0, description="reward = outcome + step_coef x mean step score.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of the judge's votes.")
+    max_tokens: int = Field(default=4096, ge=1, description="Longest judge answer (tokens).")
+    timeout_s: float = Field(default=300.0, gt=0, description="Bound of one vote's HTTP call, and of the "
+                             "wait for outstanding votes once the agent loop has ended; a vote not "
+                             "back by then leaves its step unscored (never -1).")
+    template: str | None = Field(default=None, description="YAML file of the judge's Jinja2 templates "
+                                 "(system, user). Unset: configs/prompts/prm_judge.yaml.")
+    reward_mode: Literal["episode", "step"] = Field(
+        default="episode", description="episode: every sample of the episode gets outcome + "
+        "step_coef x mean step score (the seed). step: sample k of dynamic history gets outcome + "
+        "step_coef x score of step k (an unscored step: the outcome), so the learner's advantages "
+        "are per step (needs dynamic_history).")
+    urls: list[str] = Field(default_factory=list, description="Judge servers (their /v1/chat/completions). "
+                            "Empty: the live ready servers of role prm in the server registry.")
+    model: str = Field(default="default", description="The `model` field of the judge requests.")
+    api_key: str | None = Field(default=None, description="Bearer key of the judge servers. Unset: the "
+                                "actor's inference key.")
+    history_tokens: int = Field(default=2048, ge=0, description="Token budget of the earlier steps shown "
+                                "to the judge, kept by the head+tail rule (head_ratio).")
+    problem_chars: int = Field(default=8000, ge=100, description="Longest issue text shown to the judge.")
+    output_chars: int = Field(default=4000, ge=100, description="Longest command output of the current "
+                              "step shown to the judge (head and tail kept).")
+    history_output_chars: int = Field(default=1000, ge=0, description="Longest output of an earlier step.")
 
 
 class ActorConfig(Section):
@@ -69,3 +105,11 @@ class ActorConfig(Section):
                                  "<run.dir>/trajectories (the slime plug-in then writes none).")
     shutdown_grace_s: float = Field(default=30.0, description="On SIGTERM, how long running episodes may "
                                     "finish before they are cancelled and handed back to the queue.")
+    prm: PrmConfig = Field(default_factory=PrmConfig)
+
+    @model_validator(mode="after")
+    def _step_rewards_need_steps(self) -> ActorConfig:
+        if self.prm.enable and self.prm.reward_mode == "step" and not self.dynamic_history:
+            raise ValueError("prm.reward_mode: 'step' needs dynamic_history (one sample per step); "
+                             "set actor.dynamic_history=true or prm.reward_mode=episode")
+        return self

@@ -16,6 +16,22 @@ from dataclasses import dataclass, field
 from actors.encoding import ChatEncoder
 
 
+def head_tail(lengths: list[int], budget: float, head_ratio: float) -> tuple[int, int]:
+    """The head+tail rule over items of these lengths: items [0, head) fill at most head_ratio of
+    the budget (never the newest), items [tail_start, n) the rest from the newest backwards;
+    the items between are omitted. tail_start == n: not even the newest item fits."""
+    n = len(lengths)
+    head, used = 0, 0
+    while head < n - 1 and used + lengths[head] <= head_ratio * budget:
+        used += lengths[head]
+        head += 1
+    tail_start, tail_used = n, 0
+    while tail_start > head and tail_used + lengths[tail_start - 1] <= budget - used:
+        tail_start -= 1
+        tail_used += lengths[tail_start]
+    return head, tail_start
+
+
 class ContextExceeded(Exception):
     """Even the prompt and the newest step do not fit the window."""
 
@@ -78,14 +94,7 @@ class TokenConversation:
         n = len(self.blocks)
         marker = self.enc.user_after_user(self._marker(n))  # widest count: a safe length bound
         avail = max_input_tokens - len(self.prompt) - len(gp) - len(marker)
-        head, used = 0, 0
-        while head < n - 1 and used + len(self.blocks[head]) <= head_ratio * avail:
-            used += len(self.blocks[head])
-            head += 1
-        tail_start, tail_used = n, 0
-        while tail_start > head and tail_used + len(self.blocks[tail_start - 1]) <= avail - used:
-            tail_start -= 1
-            tail_used += len(self.blocks[tail_start])
+        head, tail_start = head_tail([len(b) for b in self.blocks], avail, head_ratio)
         if tail_start == n:
             raise ContextExceeded(f"the newest step alone ({len(self.blocks[-1])} tokens) does "
                                   f"not fit the prompt budget of {max_input_tokens}")

@@ -3,19 +3,21 @@ No Redis, Docker or HTTP here (actors/leased.py runs it on a pool lease)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from actors.agent import Agent, AgentResult
+from actors.agent import Agent, AgentResult, StepRecord
 from actors.config import ActorConfig
 from actors.encoding import ChatEncoder
 from actors.metrics import episode_metrics
+from actors.prm import StepJudge, StepScore, prm_metrics
 from actors.protocols import Env, EvalOutcome, InfraError, Policy
-from actors.reward import outcome_reward
+from actors.reward import outcome_reward, prm_episode_reward, prm_step_rewards
 from actors.templates import PromptTemplates
 from broker.wire import Sample
 
@@ -78,12 +80,17 @@ class EpisodeResult:
     masked: bool = False
     mask_reason: str = ""
     traj_dir: Path | None = None   # where its trajectory was written, if it was
+    outcome: float = 0.0           # the outcome reward alone (reward adds the PRM's part)
+    step_rewards: list[float] | None = None  # per step (prm.reward_mode step), else None
+    prm: list[StepScore] = field(default_factory=list)  # the judged steps' scores and votes
 
 
 def make_agent(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder, policy: Policy,
-               env: Env, job: EpisodeJob, pinned_version: int | None) -> Agent:
+               env: Env, job: EpisodeJob, pinned_version: int | None,
+               judge: StepJudge | None = None) -> Agent:
     """pinned_version None: no weight-version check (slime keeps its engines in sync)."""
-    return Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:")
+    return Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:",
+                 judge=judge)
 
 
 async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
@@ -91,16 +98,28 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
     the agent keeps what the loop did so far (its steps and messages)."""
     cfg, env = agent.cfg, agent.env
     t0 = time.monotonic()
-    res = await agent.run(job.task, job.instance)
-    evaluation, eval_time = None, 0.0
-    if res.patch.strip():
-        t1 = time.monotonic()
-        evaluation = await env.evaluate(res.patch, cfg.eval_timeout_s)
-        eval_time = time.monotonic() - t1
-        if evaluation.timed_out:
-            raise InfraError("eval_timeout", evaluation.error or "evaluation timed out")
+    try:
+        res = await agent.run(job.task, job.instance)
+        evaluation, eval_time = None, 0.0
+        if res.patch.strip():
+            t1 = time.monotonic()
+            evaluation = await env.evaluate(res.patch, cfg.eval_timeout_s)
+            eval_time = time.monotonic() - t1
+            if evaluation.timed_out:
+                raise InfraError("eval_timeout", evaluation.error or "evaluation timed out")
+        # the judge's last votes ran during the evaluation; wait for the rest, bounded
+        scores = await agent.judge.collect() if agent.judge is not None else []
+    finally:
+        if agent.judge is not None:
+            await asyncio.shield(agent.judge.cancel())  # nothing left judging after the episode
     resolved = bool(evaluation and evaluation.resolved)
-    reward = outcome_reward(cfg, resolved, res.format_errors)
+    outcome = reward = outcome_reward(cfg, resolved, res.format_errors)
+    step_rewards = None
+    if agent.judge is not None:
+        step_scores = _record_scores(res.steps, scores)
+        reward = prm_episode_reward(cfg.prm, outcome, step_scores)
+        if cfg.prm.reward_mode == "step" and cfg.dynamic_history:
+            step_rewards = prm_step_rewards(cfg.prm, outcome, step_scores)
     status = "completed" if res.ending == "submitted" else "truncated"
     masked = cfg.compact_filtering and res.ending in LIMIT_ENDINGS
     mask_reason = f"compact_filtering:{res.ending}" if masked else ""
@@ -116,9 +135,20 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
         length_truncated_turns=sum(1 for s in steps if s.finish == "length"),
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
         masked=float(masked))
-    out = EpisodeResult(job, [], res, status, reward, resolved, evaluation, metrics, masked, mask_reason)
+    if agent.judge is not None:
+        metrics.update(prm_metrics(scores, len(steps)), outcome_reward=outcome)
+    out = EpisodeResult(job, [], res, status, reward, resolved, evaluation, metrics, masked, mask_reason,
+                        outcome=outcome, step_rewards=step_rewards, prm=scores)
     out.samples = build_samples(cfg, out, agent.pinned or 0)
     return out
+
+
+def _record_scores(steps: list[StepRecord], scores: list[StepScore]) -> list[float | None]:
+    """Each judged step's score and votes onto its record; the scores in step order."""
+    for sc in scores:
+        rec = steps[sc.index]
+        rec.prm_score, rec.prm_votes, rec.prm_status, rec.prm_reason = sc.score, list(sc.votes), sc.status, sc.reason
+    return [s.prm_score for s in steps]
 
 
 def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> list[Sample]:
@@ -127,13 +157,22 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
 
     def sample(k: int, total: int, tokens: list[int], mask: list[int], lps: list[float],
                prompt_len: int, wv: list[str]) -> Sample:
+        metrics, reward = ep.metrics, ep.reward
+        if ep.prm and total > 1:  # a step's own sample carries its score and votes
+            metrics, s = dict(ep.metrics), steps[k]
+            if s.prm_score is not None:
+                metrics["prm_step_score"] = s.prm_score
+            metrics["prm_step_votes_pos"] = float(sum(v == 1 for v in s.prm_votes))
+            metrics["prm_step_votes_neg"] = float(sum(v == -1 for v in s.prm_votes))
+        if ep.step_rewards is not None and total == len(ep.step_rewards):
+            reward = ep.step_rewards[k]
         return Sample(tokens=np.asarray(tokens, np.int32), loss_mask=np.asarray(mask, np.uint8),
                       rollout_logprobs=np.asarray(lps, np.float32), prompt_len=prompt_len,
-                      reward=ep.reward, group_id=job.group_id, sample_index=job.sample_index,
+                      reward=reward, group_id=job.group_id, sample_index=job.sample_index,
                       instance_id=job.instance_id, policy_version=policy_version,
                       sample_id=f"{job.job_id}:{k}", episode_id=job.job_id, weight_versions=wv,
                       status=ep.status, step_index=k, steps_total=total, masked=ep.masked,
-                      mask_reason=ep.mask_reason, metrics=ep.metrics)
+                      mask_reason=ep.mask_reason, metrics=metrics)
 
     if not steps:
         p = ep.agent.conversation.prompt

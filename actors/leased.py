@@ -21,6 +21,7 @@ from actors.backends import PoolEnv, ServerPolicy
 from actors.config import ActorConfig
 from actors.encoding import ChatEncoder
 from actors.episode import EpisodeJob, EpisodeResult, make_agent, run_episode
+from actors.prm import JudgeClient, JudgeTemplates, StepJudge
 from actors.protocols import InfraError
 from actors.templates import PromptTemplates, load_templates
 from common.logs import get_logger
@@ -50,11 +51,15 @@ class LeasedEpisodes:
     configured directory (None: ask the server); `traj_dir` None writes no trajectories."""
 
     def __init__(self, cfg: ActorConfig, pool: EnvdClient, *, owner: str, tokenizer: str | None,
-                 traj_dir: Path | None, templates: PromptTemplates | None = None) -> None:
+                 traj_dir: Path | None, templates: PromptTemplates | None = None,
+                 judge: JudgeClient | None = None) -> None:
         self.cfg, self.pool, self.owner = cfg, pool, owner
         self.tokenizer = tokenizer
         self.traj_dir = traj_dir
         self.templates = templates or load_templates(cfg.prompts)
+        # with prm.enable: every episode's executed steps are judged through this client
+        self.judge = judge if cfg.prm.enable else None
+        self.judge_templates = JudgeTemplates(cfg.prm.template) if self.judge is not None else None
         self._path_lock = asyncio.Lock()
 
     async def encoder(self, policy: ServerPolicy | None) -> ChatEncoder:
@@ -80,7 +85,8 @@ class LeasedEpisodes:
             encoder = await self.encoder(policy)
             async with self._lease(job) as lease:
                 env = PoolEnv(self.pool, lease, job.instance, self.cfg.cwd, self.cfg.exec_env)
-                agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version)
+                agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
+                                   self._step_judge(job, encoder))
                 ep = await run_episode(agent, job)
             return ep
         except BaseException as e:
@@ -92,6 +98,12 @@ class LeasedEpisodes:
                 path = await asyncio.shield(self._save(job, agent, ep, error, meta or {}))
                 if ep is not None:
                     ep.traj_dir = path
+
+    def _step_judge(self, job: EpisodeJob, encoder: ChatEncoder) -> StepJudge | None:
+        if self.judge is None or self.judge_templates is None:
+            return None
+        return StepJudge(self.cfg.prm, self.judge, self.judge_templates, job.task,
+                         lambda text: len(encoder.tokenize(text)), self.cfg.head_ratio)
 
     @contextlib.asynccontextmanager
     async def _lease(self, job: EpisodeJob) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 from actors.backends import ServerPolicy
 from actors.episode import EpisodeJob, failure_samples
 from actors.leased import LeasedEpisodes
+from actors.prm import HttpJudge
 from actors.protocols import InfraError
 from actors.runtime import ActorRuntime
 from broker.keys import PIN_TTL_S
@@ -44,9 +45,14 @@ class Rollouts:
         if not rt.pool_url:
             raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
         self.pool = EnvdClient.pool(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
-        self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
-                                       traj_dir=rt.traj_dir if self.a.save_trajectories else None)
         self.api_key = self.a.inference_api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
+        self.judge: HttpJudge | None = None
+        if self.a.prm.enable:
+            self.judge = HttpJudge(self._judge_urls, self.a.prm.api_key or self.api_key, self.a.prm.timeout_s)
+        self._judges: tuple[float, list[str]] = (0.0, [])
+        self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
+                                       traj_dir=rt.traj_dir if self.a.save_trajectories else None,
+                                       judge=self.judge)
         self.running = 0
         self.totals: Counter[str] = Counter()
 
@@ -79,6 +85,17 @@ class Rollouts:
                 raise InfraError("no_server", f"no ready inference server at version >= "
                                  f"{min_version} within {self.a.pin_wait_s:.0f}s")
             await asyncio.sleep(0.5)
+
+    async def _judge_urls(self) -> list[str]:
+        """prm.urls, else the ready live servers of role prm (looked up at most every 2 s)."""
+        if self.a.prm.urls:
+            return list(self.a.prm.urls)
+        at, urls = self._judges
+        if time.monotonic() - at > 2.0:
+            servers = await self.servers.list(alive_only=True, role="prm")
+            urls = [s.url for s in servers if s.state == "ready"]
+            self._judges = (time.monotonic(), urls)
+        return urls
 
     async def _keep_pin(self, server_id: str, pin_id: str) -> None:
         while True:
@@ -166,3 +183,5 @@ class Rollouts:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
+        if self.judge is not None:
+            await self.judge.aclose()
