@@ -1,7 +1,10 @@
 """GRPO advantages: reward minus the group mean (optionally divided by the group std).
 
-Only usable episodes (fresh, complete, unmasked) enter the statistics; every sample (step) of
-an episode shares the episode's advantage.
+Only usable episodes (fresh, complete, unmasked) enter the statistics. An episode's samples
+(its steps, under dynamic history) share the episode's reward, and so its advantage, unless the
+actors gave each step its own reward (actor.prm.reward_mode step): then a step's advantage is
+its own reward minus the group's baseline, the mean of the episodes' rewards (each episode's
+reward being the mean of its steps'), so step-level credit rides on the usual GRPO baseline.
 """
 
 from __future__ import annotations
@@ -18,3 +21,15 @@ def grpo(rewards: list[float], std_norm: bool = False, eps: float = 1e-6) -> lis
         # population std (unbiased=False); a group with equal rewards has all-zero advantages
         adv = adv / (r.std() + eps)
     return [float(a) for a in adv]
+
+
+def grpo_steps(step_rewards: list[list[float]], std_norm: bool = False, eps: float = 1e-6) -> list[list[float]]:
+    """Per episode, per step: step reward - mean over the group's episodes of their mean step
+    reward (divided by the std of those episode means with std_norm). Steps sharing their
+    episode's reward get exactly grpo()'s advantages."""
+    if not step_rewards:
+        return []
+    ep = np.asarray([float(np.mean(r)) if len(r) else 0.0 for r in step_rewards], dtype=np.float64)
+    scale = (ep.std() + eps) if std_norm else 1.0
+    base = ep.mean()
+    return [[float((x - base) / scale) for x in r] for r in step_rewards]

@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from learner.advantages import grpo
+from learner.advantages import grpo_steps
 from learner.assembly import Batch
 from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
@@ -23,14 +23,15 @@ def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict
     advs: list[float] = []
     resolved: list[float] = []
     for g in batch.groups:
-        ep_rewards = [ep.first.reward for ep in g.episodes]
-        ep_adv = grpo(ep_rewards, cfg.advantage_std_norm)
-        rewards += ep_rewards
-        advs += ep_adv
-        for ep, a in zip(g.episodes, ep_adv, strict=True):
+        # each sample's own reward: equal within an episode, unless the actors gave steps theirs
+        step_rewards = [[s.reward for s in ep.samples] for ep in g.episodes]
+        step_adv = grpo_steps(step_rewards, cfg.advantage_std_norm)
+        rewards += [float(np.mean(r)) for r in step_rewards]
+        for ep, ep_adv in zip(g.episodes, step_adv, strict=True):
             m = ep.first.metrics
             resolved.append(float(m.get("resolved", m.get("agent/resolved", ep.first.reward > 0))))
-            for s in ep.samples:
+            advs.append(float(np.mean(ep_adv)))
+            for s, a in zip(ep.samples, ep_adv, strict=True):
                 items.append(TrainItem(s.sample_id, s.tokens, s.loss_mask, s.rollout_logprobs, a))
     weights = token_weights([int(it.loss_mask[1:].sum()) for it in items], cfg.aggregation)
     for it, w in zip(items, weights, strict=True):

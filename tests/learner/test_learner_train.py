@@ -63,6 +63,28 @@ def test_dynamic_history_steps_share_the_episode_advantage(small_model_dir) -> N
         ("g/0/0", 0.5), ("g/0/1", 0.5), ("g/0/2", 0.5), ("g/1/0", -0.5)]
 
 
+def test_per_step_rewards_give_per_step_advantages() -> None:
+    """PRM step rewards (actor.prm.reward_mode step): each step's reward minus the group baseline,
+    the mean of the episodes' mean step rewards."""
+    # episode 0: steps rewarded 1.5, 0.5, 1.0 (mean 1.0); episode 1: one step, -1.0
+    samples = [make_sample("g", 0, reward=r, step_index=k, steps_total=3, seed=k)
+               for k, r in enumerate((1.5, 0.5, 1.0))]
+    samples += [make_sample("g", 1, reward=-1.0, seed=9)]
+    items, stats = batch_items(_rebatch(samples), LearnerConfig())
+    assert sorted((it.sample_id, it.adv) for it in items) == [
+        ("g/0/0", 1.5), ("g/0/1", 0.5), ("g/0/2", 1.0), ("g/1/0", -1.0)]  # baseline (1 - 1) / 2 = 0
+    assert stats["reward_mean"] == 0.0 and stats["adv_mean"] == 0.0
+    # with std_norm the scale is the std of the episode means (1.0 here)
+    items, _ = batch_items(_rebatch(samples), LearnerConfig(advantage_std_norm=True))
+    assert sorted(round(it.adv, 4) for it in items) == [-1.0, 0.5, 1.0, 1.5]
+
+
+def _rebatch(samples):
+    asm = Assembler(n_per_group=2, batch_size=2, max_staleness=0, group_timeout_s=60)
+    asm.add([Entry(f"1-{i}", s) for i, s in enumerate(samples)])
+    return asm.take_batch(0)
+
+
 def test_checkpoint_round_trip(small_model_dir, tmp_path) -> None:
     cfg = LearnerConfig(lr=1e-3, warmup_steps=3)
     a = TorchBackend(cfg, small_model_dir)
