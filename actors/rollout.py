@@ -124,12 +124,12 @@ class Rollouts:
             ep = await self.episodes.run(job, policy, version, meta={
                 "server": server.url, "server_id": server.id, "policy_version": version,
                 "job_try": job_try})
-            await self.writer.add(ep.samples)
+            await self.writer.add(ep.samples, done_job=job.job_id)
             produced = True
             self.totals["episodes"] += 1
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
-            await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"), len(ep.samples))
+            await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"))
             log.info("episode_done", job_id=job.job_id, ending=ep.agent.ending, reward=ep.reward,
                      steps=len(ep.agent.steps), version=version, server=server.id)
             return {"reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,
@@ -147,10 +147,10 @@ class Rollouts:
             version = server.version or 0 if server is not None else await self.policies.current()
             encoder = await self.episodes.encoder(policy)
             samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, e.reason)
-            await self.writer.add(samples)
+            await self.writer.add(samples, done_job=job.job_id)
             produced = True
             self.totals["episodes_masked_infra"] += 1
-            await self._stat("episodes_masked_infra", len(samples))
+            await self._stat("episodes_masked_infra")
             log.warning("episode_masked_after_infra_failures", job_id=job.job_id,
                         reason=e.reason, tries=job_try)
             return {"masked": True, "reason": e.reason}
@@ -174,10 +174,9 @@ class Rollouts:
             with contextlib.suppress(Exception):
                 await self.admission.release()
 
-    async def _stat(self, name: str, samples: int) -> None:
+    async def _stat(self, name: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(self.keys.stats, name, 1)
-        pipe.hincrby(self.keys.stats, "samples_written", samples)
+        pipe.hincrby(self.keys.stats, name, 1)  # samples_written is counted by the writer
         with contextlib.suppress(Exception):
             await pipe.execute()
 

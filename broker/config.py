@@ -23,7 +23,8 @@ class RedisConfig(Section):
 
 
 class QueueConfig(Section):
-    job_timeout_s: int = Field(3600, description="Longest a healthy worker may run one episode job.")
+    job_timeout_s: int = Field(3600, description="Longest a healthy worker may run one episode job; past "
+                               "it the job is retried, then recorded in jobs:failed.")
     claim_ttl_s: int = Field(15, description="A running job's claim key expires this long after its "
                              "worker last renewed it; a SIGKILLed worker's job runs again after it.")
     claim_renew_s: float = Field(4.0, description="How often a running job renews its claim.")

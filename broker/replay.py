@@ -36,17 +36,25 @@ class ReplayWriter:
     def __init__(self, redis: aioredis.Redis, keys: Keys, batch: int = 32) -> None:
         self.redis, self.keys, self.batch = redis, keys, max(1, batch)
 
-    async def add(self, samples: list[Sample]) -> list[str]:
-        """XADD in pipelined batches (one round trip per `batch` samples); returns stream ids."""
+    async def add(self, samples: list[Sample], done_job: str | None = None) -> list[str]:
+        """XADD in pipelined batches (one round trip per `batch` samples); returns stream ids.
+
+        `done_job`: the episode's samples and its job's mark in jobs:done are one MULTI/EXEC, so
+        "the samples reached the stream" and "the job is done" can never be told apart by a crash,
+        a cancellation or a Redis error between two writes (a re-run then skips the job instead
+        of writing its samples again, and no done job lacks its samples)."""
         ids: list[str] = []
         bucket = int(time.time()) // RATE_BUCKET_S
-        for i in range(0, len(samples), self.batch):
-            chunk = samples[i : i + self.batch]
-            pipe = self.redis.pipeline(transaction=False)
+        chunks = ([samples] if done_job is not None else
+                  [samples[i : i + self.batch] for i in range(0, len(samples), self.batch)])
+        for chunk in chunks:
+            pipe = self.redis.pipeline(transaction=done_job is not None)
             for s in chunk:
                 pipe.xadd(self.keys.replay, {FIELD: encode(s)})
             pipe.hincrby(self.keys.stats, "samples_written", len(chunk))
             pipe.hincrby(self.keys.samples_rate, str(bucket), len(chunk))
+            if done_job is not None:
+                pipe.sadd(self.keys.jobs_done, done_job)
             res = await pipe.execute()
             ids.extend(_sid(x) for x in res[: len(chunk)])
         if bucket % 10 == 0:  # now and then, forget old rate buckets

@@ -38,6 +38,7 @@ from common.logs import get_logger
 log = get_logger("broker.tasks")
 JOB_FUNCTION = "rollout"
 KEEP_RESULT_S = 7 * 24 * 3600
+FINALISE_S = 60  # arq's timeout exceeds swarl's by this much: time to record a timed-out job
 __all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "dump_job", "enqueue_jobs", "load_job",
            "record_failure", "worker_settings"]
 _TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
@@ -185,13 +186,20 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
             await record_failure(redis, keys, job_id, f"no attempt finished in {q.max_tries} tries "
                                  "(worker killed or lost)", job_try - 1)
             return {"failed": True}
+        if await reply(redis.sismember(keys.jobs_done, job_id)):  # an earlier try wrote its samples
+            return {"skipped": "already done"}
         renew = asyncio.create_task(_renew_claim(redis, job_id, ttl_ms, q.claim_renew_s))
         try:
-            result = await rollout(ctx, payload)
+            # swarl's own deadline, inside arq's: arq's timeout finishes a job without a trace
+            # (neither done nor failed), ours ends in a retry or a failure with its reason.
+            async with asyncio.timeout(q.job_timeout_s):
+                result = await rollout(ctx, payload)
+            await mark_done(redis, keys, job_id)  # idempotent: a rollout may have marked it with its samples
         except (asyncio.CancelledError, Retry):
             raise
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"
+            reason = (f"TimeoutError: the job ran past queue.job_timeout_s ({q.job_timeout_s}s)"
+                      if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}")
             if job_try >= q.max_tries:
                 await record_failure(redis, keys, job_id, reason, job_try)
                 return {"failed": True, "reason": reason}
@@ -201,18 +209,17 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
             renew.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renew
-        await mark_done(redis, keys, job_id)
         return result
 
     attrs = {
         "functions": [func(run_rollout, name=JOB_FUNCTION, max_tries=q.max_tries + 1,
-                           timeout=q.job_timeout_s, keep_result=KEEP_RESULT_S)],
+                           timeout=q.job_timeout_s + FINALISE_S, keep_result=KEEP_RESULT_S)],
         "queue_name": keys.queue,
         "redis_settings": arq_settings(redis_url),
         "job_serializer": dump_job,
         "job_deserializer": load_job,
         "max_jobs": max_jobs,
-        "job_timeout": q.job_timeout_s,
+        "job_timeout": q.job_timeout_s + FINALISE_S,
         "poll_delay": q.poll_delay_s,
         "keep_result": KEEP_RESULT_S,
         "max_tries": q.max_tries + 1,

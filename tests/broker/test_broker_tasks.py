@@ -103,3 +103,54 @@ async def test_retries_are_bounded_and_failure_recorded(redis_url, keys, aredis)
     finally:
         stop(w)
         await pool.aclose()
+
+
+@pytest.mark.slow
+async def test_samples_and_done_mark_are_one_write(redis_url, keys, aredis):
+    """The flake of the actors issue: an actor wrote an episode's samples, then died (or was
+    cancelled, or Redis failed) before the separate SADD to jobs:done. The job then never
+    showed as done and its re-run wrote the samples again. Now both are one MULTI/EXEC: a
+    worker killed right after the write leaves the job done, and the re-run writes nothing."""
+    pool = await arq_pool(redis_url)
+    w1 = start_worker(redis_url, "write-hang")
+    w2 = None
+    job_id = keys.job_id("demo__calc-1", 0, 0)
+    try:
+        await enqueue_jobs(pool, keys, jobs_for(keys, ROW, "t", 1))
+        await _wait_for(lambda: aredis.xlen(keys.replay), 30, "the first try's samples")
+        assert await aredis.sismember(keys.jobs_done, job_id)      # with the samples, not after
+        os.killpg(w1.pid, signal.SIGKILL)
+        w1.wait(5)
+        w2 = start_worker(redis_url, "write-hang")
+        await _wait_for(lambda: _not(aredis.zcard(keys.queue)), 60, "the re-run to finish")
+        tries = [t.decode().split(":")[1] for t in await aredis.lrange("test:tries", 0, -1)]
+        assert tries == ["1"]                                       # the re-run skipped the job
+        assert await aredis.xlen(keys.replay) == 1                  # one copy of the samples
+        assert await aredis.hlen(keys.jobs_failed) == 0
+    finally:
+        stop(w1)
+        if w2:
+            stop(w2)
+        await pool.aclose()
+
+
+@pytest.mark.slow
+async def test_a_job_past_its_timeout_is_retried_then_failed_with_its_reason(redis_url, keys, aredis):
+    """arq's own timeout finished such a job silently (neither done nor failed): lost."""
+    pool = await arq_pool(redis_url)
+    w = start_worker(redis_url, "slow")
+    try:
+        await enqueue_jobs(pool, keys, jobs_for(keys, ROW, "t", 1))
+        job_id = keys.job_id("demo__calc-1", 0, 0)
+        raw = await _wait_for(lambda: aredis.hget(keys.jobs_failed, job_id), 60, "failure record")
+        doc = json.loads(raw)
+        assert "queue.job_timeout_s (2s)" in doc["reason"] and doc["tries"] == 3, doc
+        assert await aredis.llen("test:tries") == 3
+        assert await aredis.zcard(keys.queue) == 0
+    finally:
+        stop(w)
+        await pool.aclose()
+
+
+async def _not(coro) -> bool:
+    return not await coro
