@@ -1,11 +1,15 @@
 """The protocols over the real services: a pinned SGLang-API server (inference.client) and a
-pool lease (envd.client). Every infrastructure failure becomes InfraError (never a -1)."""
+pool lease (envd.client). Every infrastructure failure becomes InfraError (never a -1); what
+the agent did to its own container is not one."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from actors.protocols import EvalOutcome, ExecOutput, Generation, InfraError
+from common.logs import get_logger
+
+log = get_logger("actors.backends")
 
 
 class ServerPolicy:
@@ -59,8 +63,18 @@ class PoolEnv:
         return ExecOutput(r.returncode, r.output, r.timed_out, r.duration_s)
 
     async def diff(self) -> str:
+        from envd.client import DiffFailed
+
         try:
             return await self.pool.diff(self.lease.lease_id, cwd=self.cwd)
+        except DiffFailed as e:
+            # The container answered and git failed in it: the agent broke its own repository
+            # (rm -rf /, a fork bomb holding every pid, .git deleted). That is the agent's
+            # doing, so no patch (reward_unresolved), not an infrastructure failure that would
+            # spare it the penalty.
+            log.warning("diff_failed_in_container", lease=self.lease.lease_id,
+                        returncode=e.returncode, error=e.error[:200])
+            return ""
         except Exception as e:
             raise InfraError("env_diff", f"{type(e).__name__}: {e}") from e
 
