@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test chaos lint bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -11,6 +11,10 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 	.venv/bin/python -m pytest -q -p no:cacheprovider $(ARGS)
+
+# fault injection on live runs (tests/chaos, marker `chaos`; `make test` runs only their fast checks)
+chaos: setup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m chaos tests/chaos $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .
