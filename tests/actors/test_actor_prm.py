@@ -172,3 +172,45 @@ async def test_judge_calls_overlap_the_agent_steps(chatml_tokenizer, tmp_path, c
     # run one after the other they would take agent + judge time; overlapped, about agent + one
     # judge call (the last step's). A loaded machine stretches both alike: a generous margin.
     assert wall < 0.85 * (agent_time + judge_time), (wall, agent_time, judge_time)
+
+
+@pytest.mark.docker
+async def test_actor_episodes_on_bundled_tasks_with_a_registered_judge(task_images, pool_server, redis_url,
+                                                                        tiny_model_dir, tmp_path):
+    """The whole actor path: a scripted policy and a scripted judge (role prm) both registered in
+    Redis, episodes on bundled tasks in Docker; the judge is found in the registry (never pinned)."""
+    from actor_services import actor_config, actor_sets, payload, start_scripted
+
+    from actors.rollout import Rollouts
+    from broker.connection import connect
+    from broker.keys import Keys
+    from broker.registry import ServerRegistry
+    from envd.tasks import load_tasks
+    from swarl.wiring import actor_runtime
+
+    a, b = load_tasks("train")[:2]
+    rows = [{**a, "swarl_scripted_mode": "fix", "swarl_prm_votes": [["+1", "-1", "+1"]]},
+            {**b, "swarl_scripted_mode": "wrong", "swarl_prm_votes": [["-1", "bad", "-1"]]}]
+    policy = start_scripted(tiny_model_dir, rows, redis_url, tmp_path / "logs")
+    judge = start_scripted(tiny_model_dir, rows, redis_url, tmp_path / "logs", mode="judge")
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, policy.api_key, **{
+                                      "actor.prm.enable": "true", "actor.prm.api_key": judge.api_key,
+                                      "actor.prm.reward_mode": "step"}))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-prm")
+    try:
+        roles = {s.url: s.role for s in await ServerRegistry(r, Keys("swarl", "test")).list()}
+        assert roles == {policy.url: "policy", judge.url: "prm"}
+        good, bad = await asyncio.gather(ro.run(payload(rows[0])), ro.run(payload(rows[1])))
+        assert good["resolved"] and good["reward"] == pytest.approx(1 + 1 / 3), good
+        assert not bad["resolved"] and bad["reward"] == pytest.approx(-2.0), bad
+        trajs = [json.loads((d / "traj.json").read_text()) for d in (tmp_path / "run" / "trajectories").iterdir()]
+        by_id = {t["instance_id"]: t for t in trajs}
+        assert by_id[a["instance_id"]]["prm"]["step_rewards"] == pytest.approx([1 + 1 / 3, 1.0])
+        assert by_id[b["instance_id"]]["prm"]["steps"][0]["votes"].count(-1) == 2
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        policy.stop()
+        judge.stop()
