@@ -112,7 +112,8 @@ class LeasedEpisodes:
             lease = await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
                                              owner=self.owner)
         except (EnvError, EnvRequestError) as e:  # a missing image is infrastructure too
-            raise InfraError("allocate_failed", f"{image}: {e}") from e
+            pull = isinstance(e, EnvError) and e.reason == "pull_failed"
+            raise InfraError("image_pull_failed" if pull else "allocate_failed", f"{image}: {e}") from e
         beat = asyncio.create_task(self._heartbeat(lease))
         try:
             yield lease

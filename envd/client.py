@@ -28,15 +28,20 @@ __all__ = ["EnvError", "EnvRequestError", "EnvdClient", "EvalResult", "ExecResul
 # Transport failures sent again: never sent, or the connection dropped before any answer.
 RETRY_ON: tuple[type[Exception], ...] = (*NOT_SENT, httpx.RemoteProtocolError)
 EVAL_SLACK_S = 300.0  # evaluate: a fresh container's create and the patch apply, on top of the run
+# A create may pull its image first: envd.create_timeout_s + envd.pull_timeout_s (defaults)
+# + margin. envd and the pool bound both; this only keeps a caller from waiting forever.
+CREATE_SLACK_S = 120.0 + 1800.0 + 30.0
 
 
 class EnvError(Exception):
     """Infrastructure failure (connection, 5xx, lease lost) — never a -1 reward. `status` is
-    the server's 5xx status when it answered one."""
+    the server's 5xx status when it answered one, `reason` its machine-readable kind when it
+    gave one (e.g. `pull_failed`: the node could not pull the image)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
 
 
 class LeaseLost(EnvError):
@@ -64,6 +69,8 @@ class Lease:
     lease_id: str
     container_id: str
     node_url: str
+    pull_s: float = 0.0    # waiting for the node to pull the image (0: it was there)
+    create_s: float = 0.0  # creating and starting the container
 
 
 @dataclass
@@ -173,7 +180,8 @@ class EnvdClient:
         if 400 <= r.status_code < 500:
             raise EnvRequestError(r.status_code, out.get("error", f"{path}: {r.status_code}"))
         if r.status_code >= 500:
-            raise EnvError(f"{path}: {r.status_code} {out.get('error', '')}", status=r.status_code)
+            raise EnvError(f"{path}: {r.status_code} {out.get('error', '')}", status=r.status_code,
+                           reason=out.get("reason"))
         return out
 
     def _side(self, pool: bool, name: str) -> None:
@@ -227,8 +235,9 @@ class EnvdClient:
         wait = self.allocate_wait_s if wait_s is None else wait_s
         body = await self.call("POST", "/allocate", {"image": image, "instance_id": instance_id,
                                                      "wait_s": wait, "owner": owner},
-                               timeout_s=wait + self.http.timeout_s + 130)
-        return Lease(body["lease_id"], body["container_id"], body["node_url"])
+                               timeout_s=wait + self.http.timeout_s + CREATE_SLACK_S)
+        return Lease(body["lease_id"], body["container_id"], body["node_url"],
+                     float(body.get("pull_s") or 0.0), float(body.get("create_s") or 0.0))
 
     async def close(self, lease_id: str) -> None:
         self._side(True, "close")
@@ -248,6 +257,15 @@ class EnvdClient:
     async def create(self, image: str, ttl_s: float | None = None, lease: str | None = None,
                      labels: dict[str, str] | None = None, http_timeout_s: float | None = None) -> str:
         """Create and start a container; its id. An unknown image is an EnvRequestError (404)."""
+        out = await self.create_info(image, ttl_s, lease, labels, http_timeout_s)
+        return str(out["container_id"])
+
+    async def create_info(self, image: str, ttl_s: float | None = None, lease: str | None = None,
+                          labels: dict[str, str] | None = None,
+                          http_timeout_s: float | None = None) -> dict[str, Any]:
+        """create's whole answer: container_id, name, lease, expires, labels, pulled, pull_s,
+        create_s. A missing image is pulled first; a failed pull is an EnvError (502) with
+        reason `pull_failed`."""
         self._side(False, "create")
         body: dict[str, Any] = {"image": image}
         if ttl_s:
@@ -256,9 +274,20 @@ class EnvdClient:
             body["lease"] = lease
         if labels:
             body["labels"] = labels
-        out = await self.call("POST", "/container/create", body,
-                              timeout_s=http_timeout_s or self.http.timeout_s + 130)
-        return str(out["container_id"])
+        return await self.call("POST", "/container/create", body,
+                               timeout_s=http_timeout_s or self.http.timeout_s + CREATE_SLACK_S)
+
+    async def pull(self, image: str, http_timeout_s: float | None = None) -> dict[str, Any]:
+        """Have `image` on this node (prefetch): image, pulled, pull_s, bytes, node_id. A failed
+        pull is an EnvError (502) with reason `pull_failed`."""
+        self._side(False, "pull")
+        return await self.call("POST", "/images/pull", {"image": image},
+                               timeout_s=http_timeout_s or self.http.timeout_s + CREATE_SLACK_S)
+
+    async def images(self) -> dict[str, Any]:
+        """The node's image tags and the pulls running there."""
+        self._side(False, "images")
+        return await self.call("GET", "/images")
 
     async def destroy(self, container_id: str) -> None:
         self._side(False, "destroy")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ByteSize, Field
 
 from common.settings import Section
 
@@ -34,6 +34,26 @@ class EnvdConfig(Section):
     create_timeout_s: float = Field(120.0, description="Default bound on creating and starting a container.")
     eval_timeout_s: float = Field(3600.0, description="Default bound on running an evaluation script.")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")
+    registry: str | None = Field(
+        None, description="Registry (host[:port][/namespace]) missing task images are pulled from when "
+                          "their name has no registry host or names docker.io; none: pull by the name as given.")
+    registry_username: str | None = Field(
+        None, description="Registry user; unset: Docker's own credentials (~/.docker/config.json, DOCKER_CONFIG).")
+    registry_password: str | None = Field(None, description="Registry password or token (never logged).")
+    max_concurrent_pulls: int = Field(2, ge=1, description="Image pulls at once on this node (more wait their turn).")
+    pull_timeout_s: float = Field(
+        1800.0, description="Bound on one image pull (waiting for a pull slot included); beyond it the "
+                            "create fails as an infrastructure error.")
+    pull_stall_s: float = Field(120.0, description="A pull whose progress stream stays silent this long fails.")
+    pull_log_interval_s: float = Field(10.0, description="How often a running pull logs its progress.")
+    image_budget: ByteSize = Field(
+        ByteSize(0), description="Disk budget of the node's image store (docker system df's layer bytes, "
+                                 "e.g. 200GB); over it, the least recently used task images no container "
+                                 "uses are removed. 0: no budget.")
+    image_keep: list[str] = Field(
+        default_factory=lambda: ["swarl/base:*", "*sweb.base.*", "*sweb.env.*"],
+        description="Image name patterns (fnmatch) the budget never removes (base images).")
+    image_gc_interval_s: float = Field(60.0, description="How often the image budget is checked (also after each pull).")
 
 
 class PoolConfig(Section):

@@ -37,10 +37,20 @@ from envd.docker_backend import (
     exec_seconds,
 )
 from envd.httputil import ApiError
+from envd.image_cache import ImageCache, NotPullable, PullFailed
+from envd.image_index import ImageIndex
 from envd.leases import LeaseStore, MemoryLeases, RedisLeases
 from envd.metrics import CONTENT_TYPE_LATEST, EnvdMetrics, generate_latest
 from envd.rows import RowError, validate_row
-from envd.schemas import DIFF_TIMEOUT_S, ContainerReq, CreateReq, DiffReq, EvaluateReq, ExecReq
+from envd.schemas import (
+    DIFF_TIMEOUT_S,
+    ContainerReq,
+    CreateReq,
+    DiffReq,
+    EvaluateReq,
+    ExecReq,
+    PullReq,
+)
 
 log = get_logger("envd")
 T = TypeVar("T")
@@ -79,6 +89,7 @@ class Envd:
         self.leases: LeaseStore = MemoryLeases()
         self.owned: dict[str, Owned] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self.images: ImageCache | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -86,6 +97,10 @@ class Envd:
         if self.redis is not None and self.redis.url and self.ecfg.leases_in_redis:
             self.leases = RedisLeases(connect(self.redis.url, self.redis), self.keys, self.node_id)
         await self.reclaim()
+        index_redis = connect(self.redis.url, self.redis) if self.redis is not None and self.redis.url else None
+        self.images = ImageCache(self.ecfg, self.docker_url,
+                                 ImageIndex(index_redis, self.keys, self.node_id), self.metrics)
+        await self.images.start()
         self._reaper = asyncio.create_task(self._reap_loop(), name="envd-reaper")
         log.info("envd_started", node_id=self.node_id, docker=self.docker_url,
                  leases="redis" if isinstance(self.leases, RedisLeases) else "memory",
@@ -103,6 +118,10 @@ class Envd:
             await asyncio.gather(*(self._destroy(cid, "shutdown") for cid in list(self.owned)),
                                  return_exceptions=True)
         await self.leases.close()
+        if self.images:
+            await self.images.stop()
+            if self.images.index.redis is not None:
+                await self.images.index.redis.aclose()
         if self.backend:
             self.backend.close()
 
@@ -167,24 +186,37 @@ class Envd:
         assert self.backend
         ttl = req.ttl_s or self.ecfg.lease_ttl_s
         lease = req.lease or f"envd-{int(time.time() * 1000)}"
-        t0 = time.monotonic()
-        # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled from
-        # here, since abandoning the thread could leak the container it is creating.
-        try:
-            cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels)
-        except NotFound as e:
-            raise ApiError(404, str(e), image=req.image) from None
+        images = self.images
+        assert images
+        with images.hold(req.image):
+            try:  # a missing image is pulled first (bounded by envd.pull_timeout_s)
+                pull = await images.ensure(req.image)
+            except PullFailed as e:  # the registry's fault, not the request's: infrastructure
+                raise ApiError(502, str(e), image=req.image, reason="pull_failed") from None
+            except NotPullable as e:
+                raise ApiError(404, str(e), image=req.image) from None
+            t0 = time.monotonic()
+            # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled from
+            # here, since abandoning the thread could leak the container it is creating.
+            try:
+                cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels)
+            except NotFound as e:
+                raise ApiError(404, str(e), image=req.image) from None
+            create_s = time.monotonic() - t0
+            await images.used(req.image)
         now = time.time()
         # Lease first-class from here on: a crash now leaves a labelled container the next
         # start-up either adopts (lease live) or destroys.
         await self.leases.put(cid, now + ttl)
         self.owned[cid] = Owned(cid, name, req.image, lease, ttl, now)
         self.metrics.created.inc()
-        self.metrics.create_seconds.observe(time.monotonic() - t0)
+        self.metrics.create_seconds.observe(create_s)
         self.metrics.containers.set(len(self.owned))
-        log.info("container_created", container_id=cid[:12], image=req.image, lease=lease)
+        log.info("container_created", container_id=cid[:12], image=req.image, lease=lease,
+                 create_s=round(create_s, 3), pull_s=round(pull.seconds, 3))
         return {"ok": True, "container_id": cid, "name": name, "node_id": self.node_id,
-                "lease": lease, "expires": now + ttl, "labels": labels}
+                "lease": lease, "expires": now + ttl, "labels": labels,
+                "pulled": pull.pulled, "pull_s": round(pull.seconds, 3), "create_s": round(create_s, 3)}
 
     async def exec(self, c: Owned, command: str, cwd: str | None, env: dict[str, str],
                    timeout_s: float, cap: int | None = None) -> ExecOutcome:
@@ -328,9 +360,24 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
 
     @app.get("/images")
     async def images() -> dict[str, Any]:
-        assert envd.backend
+        assert envd.backend and envd.images
         names = await envd.run(envd.backend.images)
-        return {"ok": True, "images": names, "count": len(names)}
+        return {"ok": True, "images": names, "count": len(names), "pulls": envd.images.pulls(),
+                "budget_bytes": int(cfg.image_budget)}
+
+    @app.post("/images/pull")
+    async def pull(req: PullReq) -> dict[str, Any]:
+        assert envd.images
+        try:
+            info = await envd.images.ensure(req.image)
+        except PullFailed as e:
+            raise ApiError(502, str(e), image=req.image, reason="pull_failed") from None
+        except NotPullable as e:
+            raise ApiError(404, str(e), image=req.image) from None
+        if info.pulled:
+            await envd.images.used(req.image)  # prefetched: most recently used, not first evicted
+        return {"ok": True, "image": req.image, "pulled": info.pulled, "pull_s": round(info.seconds, 3),
+                "bytes": info.bytes, "node_id": envd.node_id}
 
     @app.get("/status")
     async def status() -> dict[str, Any]:

@@ -138,7 +138,7 @@ class DockerBackend:
                ) -> tuple[str, str, dict[str, str]]:
         """Create and start a container; answer (id, name, labels). Unknown image -> NotFound."""
         if not self.has_image(image):
-            raise NotFound(f"unknown image {image} (envd never pulls; build or load it on this node)")
+            raise NotFound(f"unknown image {image} (not on this node)")
         now = time.time()
         labels = {
             **(extra_labels or {}),

@@ -27,6 +27,20 @@ class EnvdMetrics:
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
         self.errors = Counter("envd_errors", "Error answers, by endpoint and status.",
                               ["endpoint", "status"], registry=r)
+        # task images: pulls (apart from create time), the disk budget
+        self.pulls = Counter("envd_image_pulls", "Image pulls, by result (ok, failed, timeout).",
+                             ["result"], registry=r)
+        self.pull_waiters = Counter("envd_image_pull_waiters", "Creates that joined a pull already "
+                                    "running for their image (single-flight).", registry=r)
+        self.pulls_running = Gauge("envd_image_pulls_running", "Pulls in progress now.", registry=r)
+        self.pull_bytes = Counter("envd_image_pull_bytes", "Bytes downloaded by pulls (grows as they run).",
+                                  registry=r)
+        self.pull_seconds = Histogram(
+            "envd_image_pull_duration_seconds", "Image pull time (waiting for a pull slot included).",
+            registry=r, buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
+        self.image_disk_bytes = Gauge("envd_image_disk_bytes", "Image store size (layers, docker system df).",
+                                      registry=r)
+        self.evictions = Counter("envd_image_evictions", "Task images removed by the disk budget.", registry=r)
 
 
 class PoolMetrics:

@@ -386,11 +386,14 @@ class Pool:
             status, detail = await self.state.reserve(lease_id, req.image, req.instance_id, req.owner)
             if status == "ok":
                 node = detail
+                # A create may wait for a pull longer than the lease lives: keep it alive.
+                keep = asyncio.create_task(self._keep_alive(lease_id))
                 try:
-                    cid = await self.node(node).create(
+                    made = await self.node(node).create_info(
                         req.image, ttl_s=POOL_CONTAINER_TTL_FACTOR * self.pcfg.lease_ttl_s, lease=lease_id,
                         labels={"swarl.pool_owner": req.owner or "", "swarl.instance": req.instance_id[:200]},
-                        http_timeout_s=self.ecfg.create_timeout_s + 10)
+                        http_timeout_s=self.ecfg.create_timeout_s + self.ecfg.pull_timeout_s + 10)
+                    cid = str(made["container_id"])
                 except EnvRequestError as e:  # the request's fault (e.g. unknown image)
                     await self.state.release(lease_id)
                     await self.state.unmark_pulling(node, req.image)
@@ -399,6 +402,9 @@ class Pool:
                 except EnvError as e:
                     await self.state.release(lease_id)
                     await self.state.unmark_pulling(node, req.image)
+                    if e.reason == "pull_failed":  # infrastructure: the caller retries the episode
+                        self.metrics.allocations.labels("pull_failed").inc()
+                        raise ApiError(502, f"node {node}: {e}", node_url=node, reason="pull_failed") from None
                     self.metrics.node_errors.labels(node).inc()
                     if e.status is None:  # no answer: take the node out until it answers again
                         await self.state.set_health(node, False, str(e))
@@ -412,9 +418,13 @@ class Pool:
                     expiry = await self.state.renew(lease_id)
                     self.metrics.allocations.labels("ok").inc()
                     self.metrics.allocate_wait.observe(time.monotonic() - t0)
-                    log.info("allocated", lease_id=lease_id, node=node, image=req.image)
+                    log.info("allocated", lease_id=lease_id, node=node, image=req.image,
+                             pulled=made.get("pulled", False))
                     return {"ok": True, "lease_id": lease_id, "container_id": cid,
-                            "node_url": node, "expires": expiry}
+                            "node_url": node, "expires": expiry, "pulled": made.get("pulled", False),
+                            "pull_s": made.get("pull_s", 0.0), "create_s": made.get("create_s", 0.0)}
+                finally:
+                    keep.cancel()
             else:
                 last = detail
             if time.monotonic() >= deadline:
@@ -422,6 +432,13 @@ class Pool:
                 raise ApiError(503, f"no capacity within {wait_s:g}s: {last}")
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
+
+    async def _keep_alive(self, lease_id: str) -> None:
+        assert self.state
+        while True:
+            await asyncio.sleep(self.pcfg.lease_ttl_s / 3)
+            with contextlib.suppress(Exception):
+                await self.state.renew(lease_id)
 
     async def lease_or_404(self, lease_id: str) -> dict[str, str]:
         assert self.state

@@ -53,6 +53,10 @@ class ContainerReq(_Req):
 # -- pool ---------------------------------------------------------------------------
 
 
+class PullReq(_Req):
+    image: str = Field(min_length=1, description="swarl: the image to have on this node (pulled when missing).")
+
+
 class AllocateReq(_Req):
     image: str = Field(min_length=1)
     instance_id: str = ""

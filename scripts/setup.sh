@@ -9,6 +9,7 @@ command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v git >/dev/null || need_pkgs+=(git)
+command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)  # the image tests' registry
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -77,6 +77,7 @@ def docker_url() -> str:
 
 # Component fixtures, each file owned by its component (pytest puts tests/ on sys.path).
 from fixtures_envd import *  # noqa: E402,F403
+from fixtures_images import *  # noqa: E402,F403
 from fixtures_inference import *  # noqa: E402,F403
 from fixtures_model import *  # noqa: E402,F403
 from fixtures_tasks import *  # noqa: E402,F403

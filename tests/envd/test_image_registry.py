@@ -1,0 +1,175 @@
+"""Task images at cluster scale, all real: a Docker registry on loopback, two dockerd daemons
+standing for two nodes (each with its envd, pulling from the registry), one pool over both,
+Redis. Images are tiny (a few MB, fixtures_images.py) so pulls take about a second."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from envd.client import EnvdClient, EnvError
+
+pytestmark = pytest.mark.docker
+
+
+def metric(svc, name: str, **labels: str) -> float:
+    r = httpx.get(f"{svc.url}/metrics", headers={"Authorization": f"Bearer {svc.token}"}, timeout=10)
+    total = 0.0
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def wait_until(cond, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def node_images(svc) -> set[str]:
+    r = httpx.get(f"{svc.url}/images", headers={"Authorization": f"Bearer {svc.token}"}, timeout=10)
+    return set(r.json()["images"])
+
+
+def pool_client(pool) -> EnvdClient:
+    return EnvdClient.pool(pool.url, pool.token, timeout_s=60, allocate_wait_s=30)
+
+
+async def test_a_node_without_the_image_pulls_it_on_the_first_lease(image_nodes, pool_factory, redis_url,
+                                                                   tiny_images, aredis, keys) -> None:
+    (image,) = tiny_images(1)
+    a, b = image_nodes()
+    assert image not in node_images(a) | node_images(b)
+    pool = pool_factory([a.url, b.url], redis_url)
+    client = pool_client(pool)
+    try:
+        body = await client.call("POST", "/allocate", {"image": image, "instance_id": "t1", "wait_s": 30},
+                                 timeout_s=120)
+        assert body["pulled"] is True and body["pull_s"] > 0 and body["create_s"] > 0
+        node = a if body["node_url"] == a.url else b
+        assert image in node_images(node)
+        assert metric(node, "envd_image_pulls_total", result="ok") == 1
+        assert metric(node, "envd_image_pull_bytes_total") > 1e6  # progress counted as it came
+        # the pool now knows where it is: the next lease goes there and pulls nothing
+        assert await aredis.hget(keys.image_nodes(image), node.node_id) == b"ready"
+        await client.close(body["lease_id"])
+        again = await client.call("POST", "/allocate", {"image": image, "instance_id": "t1"}, timeout_s=120)
+        assert again["node_url"] == node.url and again["pulled"] is False and again["pull_s"] == 0
+        await client.close(again["lease_id"])
+    finally:
+        await client.aclose()
+
+
+async def test_ten_simultaneous_leases_of_an_uncached_image_cause_one_pull(image_nodes, pool_factory, redis_url,
+                                                                           tiny_images) -> None:
+    (image,) = tiny_images(1, payload_mb=8)
+    a, b = image_nodes()
+    pool = pool_factory([a.url, b.url], redis_url, sets=["pool.max_per_node=10"])
+    client = pool_client(pool)
+    try:
+        leases = await asyncio.gather(*(client.allocate(image, f"t{i}", wait_s=30) for i in range(10)))
+        assert len({lease.node_url for lease in leases}) == 1  # all joined the one pull's node
+        pulls = [metric(n, "envd_image_pulls_total", result="ok") for n in (a, b)]
+        assert sum(pulls) == 1, pulls
+        assert sum(1 for lease in leases if lease.pull_s > 0) >= 2  # others waited for that pull
+        await asyncio.gather(*(client.close(lease.lease_id) for lease in leases))
+    finally:
+        await client.aclose()
+
+
+async def test_leases_go_to_the_node_holding_the_image_while_it_has_room(image_nodes, pool_factory, redis_url,
+                                                                         tiny_images) -> None:
+    (image,) = tiny_images(1)
+    a, b = image_nodes()
+    # b alone has it (a prefetch through its envd)
+    node_b = EnvdClient.node(b.url, b.token)
+    try:
+        got = await node_b.pull(image)
+        assert got["pulled"] is True and got["node_id"] == b.node_id
+        assert (await node_b.pull(image))["pulled"] is False
+    finally:
+        await node_b.aclose()
+    pool = pool_factory([a.url, b.url], redis_url, sets=["pool.max_per_node=2"])
+    client = pool_client(pool)
+    try:
+        leases = [await client.allocate(image, f"t{i}", wait_s=30) for i in range(3)]
+        assert [lease.node_url for lease in leases[:2]] == [b.url, b.url]
+        assert leases[2].node_url == a.url and leases[2].pull_s > 0  # b full: a pulls
+        for lease in leases:
+            await client.close(lease.lease_id)
+    finally:
+        await client.aclose()
+
+
+async def test_a_registry_that_is_down_is_an_infrastructure_failure_with_the_reason(
+        image_nodes, pool_factory, redis_url, tiny_images, aredis, keys) -> None:
+    from common.services import free_port
+
+    (image,) = tiny_images(1)
+    a, b = image_nodes(registry_host=f"127.0.0.1:{free_port()}")  # nothing listens there
+    pool = pool_factory([a.url, b.url], redis_url)
+    client = pool_client(pool)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EnvError) as err:
+            await client.allocate(image, "t1", wait_s=30)
+        assert time.monotonic() - t0 < 25  # answered at once, not after the capacity wait
+        assert err.value.status == 502 and err.value.reason == "pull_failed"
+        assert "pull of " + image in str(err.value) and "connection refused" in str(err.value).lower()
+        assert sum(metric(n, "envd_image_pulls_total", result="failed") for n in (a, b)) == 1
+        assert await aredis.hgetall(keys.image_nodes(image)) == {}  # no pulling mark left behind
+        status = await client.status()
+        assert status["leases"] == 0
+    finally:
+        await client.aclose()
+
+
+async def test_the_budget_evicts_the_lru_unused_image_never_one_in_use(image_nodes, docker_nodes, pool_factory,
+                                                                       redis_url, tiny_images, aredis,
+                                                                       keys) -> None:
+    from pathlib import Path
+
+    node = docker_nodes[0]
+    with contextlib.closing(node.client()) as c:  # node-a's image store holds just this test's images
+        for ctr in c.containers.list(all=True):
+            ctr.remove(force=True)
+        for img in c.images.list():
+            c.images.remove(img.id, force=True)
+    payload_mb = 4
+    (keep,) = tiny_images(1, prefix="keep", payload_mb=payload_mb)
+    in_use, lru, newest = tiny_images(3, payload_mb=payload_mb)
+    per_image = payload_mb * 1e6 + sum(Path(p).resolve().stat().st_size for p in (
+        "/usr/bin/sleep", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"))
+    (a,) = image_nodes(only=["node-a"], sets=[
+        f"envd.image_budget={int(per_image * 3.5)}", 'envd.image_keep=["swarl-test/keep-*"]',
+        "envd.image_gc_interval_s=3600"])
+    pool = pool_factory([a.url], redis_url)
+    client = pool_client(pool)
+    node_a = EnvdClient.node(a.url, a.token)
+    try:
+        assert (await node_a.pull(keep))["pulled"]  # the oldest, but protected
+        held = await client.allocate(in_use, "t-held")  # older than lru, but in use throughout
+        for image in (lru, newest):
+            lease = await client.allocate(image, "t")
+            await client.close(lease.lease_id)
+        # four images > 3.5: after newest's pull exactly one goes, the LRU one nobody uses
+        wait_until(lambda: metric(a, "envd_image_evictions_total") >= 1, 30)
+        await asyncio.sleep(1)  # a second eviction, if any, would come now
+        assert metric(a, "envd_image_evictions_total") == 1
+        assert node_images(a) >= {keep, in_use, newest} and lru not in node_images(a)
+        assert await aredis.hget(keys.image_nodes(lru), "node-a") is None
+        assert await aredis.hget(keys.image_nodes(newest), "node-a") == b"ready"
+        assert set(await aredis.hkeys(keys.envd_images("node-a"))) == {keep.encode(), in_use.encode(),
+                                                                        newest.encode()}
+        assert "image_evicted" in a.log() and lru in a.log()
+        await client.close(held.lease_id)
+    finally:
+        await node_a.aclose()
+        await client.aclose()
