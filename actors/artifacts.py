@@ -1,6 +1,8 @@
 """Trajectory artifacts, one directory per episode attempt: <dir>/<instance_id>__<ts>/traj.json
 (the conversation + per-step debug; for a failed attempt what it did until then, and its
-error), patch.diff, meta.json (model, sampling params, versions)."""
+error), patch.diff, meta.json (model, sampling params, versions). A reward-hack attempt (a patch
+envd refused for changing how tests run or report) is also listed in <dir>/reward_hacks.jsonl,
+and its trajectory is written even when trajectories are otherwise off."""
 
 from __future__ import annotations
 
@@ -48,7 +50,14 @@ def write_trajectory(root: str | Path, job: EpisodeJob, agent: Agent | None, ep:
         if ep.prm:  # the PRM's judgement: per step its score, votes and why a step is unscored
             traj["prm"] = {"outcome_reward": ep.outcome, "step_rewards": ep.step_rewards,
                            "steps": [sc.to_dict() for sc in ep.prm]}
+    hack = (ep.evaluation.details.get("reward_hack") if ep is not None and ep.evaluation else None) or []
+    traj["reward_hack"] = hack
     (d / "traj.json").write_text(json.dumps(traj, indent=1, ensure_ascii=False, default=str))
+    if hack:  # one line per attempt: where to find it and what it tried
+        with (Path(root) / "reward_hacks.jsonl").open("a") as f:
+            f.write(json.dumps({"dir": d.name, "instance_id": job.instance_id, "job_id": job.job_id,
+                                "kinds": sorted({h.get("kind", "") for h in hack}),
+                                "reasons": [h.get("reason", "") for h in hack]}) + "\n")
     (d / "patch.diff").write_text(result.patch if result else "")
     (d / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False, default=str))
     return d

@@ -86,4 +86,5 @@ class PoolEnv:
             raise InfraError("env_evaluate", f"{type(e).__name__}: {e}") from e
         return EvalOutcome(r.resolved, r.error, r.timed_out, r.output,
                            {"tests_status": r.tests_status, "fail_to_pass": r.fail_to_pass,
-                            "pass_to_pass": r.pass_to_pass, "returncode": r.returncode})
+                            "pass_to_pass": r.pass_to_pass, "returncode": r.returncode,
+                            "reward_hack": r.reward_hack})

@@ -100,7 +100,8 @@ class ActorConfig(Section):
     heartbeat_s: float = Field(default=5.0, description="Interval of the actor registry heartbeat, "
                                "the pin renewal and the lease heartbeat.")
     save_trajectories: bool = Field(default=True, description="Write traj.json / patch.diff / "
-                                    "meta.json per episode (also for a failed one, with its error).")
+                                    "meta.json per episode (also for a failed one, with its error). Off: only "
+                                    "reward-hack attempts are written (always kept for review).")
     traj_dir: str | None = Field(default=None, description="Trajectory directory. Unset: "
                                  "<run.dir>/trajectories (the slime plug-in then writes none).")
     shutdown_grace_s: float = Field(default=30.0, description="On SIGTERM, how long running episodes may "

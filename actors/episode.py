@@ -113,6 +113,9 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
         if agent.judge is not None:
             await asyncio.shield(agent.judge.cancel())  # nothing left judging after the episode
     resolved = bool(evaluation and evaluation.resolved)
+    # A patch refused for changing how tests run or report (envd.tamper): never rewarded, counted.
+    hack = bool(evaluation and evaluation.details.get("reward_hack"))
+    resolved = resolved and not hack
     outcome = reward = outcome_reward(cfg, resolved, res.format_errors)
     step_rewards = None
     if agent.judge is not None:
@@ -134,6 +137,7 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
         context_truncations=sum(1 for s in steps if s.n_omitted),
         length_truncated_turns=sum(1 for s in steps if s.finish == "length"),
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
+        reward_hack_attempts=float(hack),
         masked=float(masked))
     if agent.judge is not None:
         metrics.update(prm_metrics(scores, len(steps)), outcome_reward=outcome)

@@ -48,14 +48,16 @@ class LeasedEpisodes:
     """Runs episodes on pool leases with one config, one tokenizer and one trajectory directory.
 
     `owner` names the leases in the pool (actor id, "swarl-eval", "slime"); `tokenizer` is the
-    configured directory (None: ask the server); `traj_dir` None writes no trajectories."""
+    configured directory (None: ask the server); `traj_dir` None writes no trajectories;
+    `hacks_only` writes only those of reward-hack attempts (always kept, for review)."""
 
     def __init__(self, cfg: ActorConfig, pool: EnvdClient, *, owner: str, tokenizer: str | None,
                  traj_dir: Path | None, templates: PromptTemplates | None = None,
-                 judge: JudgeClient | None = None) -> None:
+                 judge: JudgeClient | None = None, hacks_only: bool = False) -> None:
         self.cfg, self.pool, self.owner = cfg, pool, owner
         self.tokenizer = tokenizer
         self.traj_dir = traj_dir
+        self.hacks_only = hacks_only
         self.templates = templates or load_templates(cfg.prompts)
         # with prm.enable: every episode's executed steps are judged through this client
         self.judge = judge if cfg.prm.enable else None
@@ -93,7 +95,8 @@ class LeasedEpisodes:
             error = e
             raise
         finally:
-            if self.traj_dir is not None:
+            hack = ep is not None and bool(ep.metrics.get("reward_hack_attempts"))
+            if self.traj_dir is not None and (hack or not self.hacks_only):
                 # shielded: a cancelled episode (SIGTERM) still leaves its trajectory
                 path = await asyncio.shield(self._save(job, agent, ep, error, meta or {}))
                 if ep is not None:

@@ -51,7 +51,7 @@ class Rollouts:
             self.judge = HttpJudge(self._judge_urls, self.a.prm.api_key or self.api_key, self.a.prm.timeout_s)
         self._judges: tuple[float, list[str]] = (0.0, [])
         self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
-                                       traj_dir=rt.traj_dir if self.a.save_trajectories else None,
+                                       traj_dir=rt.traj_dir, hacks_only=not self.a.save_trajectories,
                                        judge=self.judge)
         self.running = 0
         self.totals: Counter[str] = Counter()
@@ -130,6 +130,10 @@ class Rollouts:
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
             await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"))
+            if ep.metrics.get("reward_hack_attempts"):
+                await self._stat("reward_hack_attempts")
+                log.warning("reward_hack_attempt", job_id=job.job_id, traj_dir=str(ep.traj_dir),
+                            error=ep.evaluation.error if ep.evaluation else "")
             log.info("episode_done", job_id=job.job_id, ending=ep.agent.ending, reward=ep.reward,
                      steps=len(ep.agent.steps), version=version, server=server.id)
             return {"reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,

@@ -93,6 +93,7 @@ class EvalResult:
     timed_out: bool = False
     returncode: int | None = None
     mode: str = ""
+    reward_hack: list[dict[str, str]] = field(default_factory=list)  # envd.tamper.Tamper dicts
 
 
 def _eval_result(body: dict[str, Any]) -> EvalResult:
@@ -100,7 +101,8 @@ def _eval_result(body: dict[str, Any]) -> EvalResult:
                       fail_to_pass=body.get("fail_to_pass") or {},
                       pass_to_pass=body.get("pass_to_pass") or {}, output=body.get("output") or "",
                       error=body.get("error") or "", timed_out=bool(body.get("timed_out")),
-                      returncode=body.get("returncode"), mode=body.get("mode") or "")
+                      returncode=body.get("returncode"), mode=body.get("mode") or "",
+                      reward_hack=body.get("reward_hack") or [])
 
 
 def _exec_result(body: dict[str, Any]) -> ExecResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import shlex
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,7 @@ from broker.config import RedisConfig
 from broker.connection import connect
 from broker.keys import Keys
 from common.logs import get_logger
-from envd import httputil, swe_eval
+from envd import httputil, swe_eval, tamper
 from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
@@ -252,7 +253,7 @@ class Envd:
         reason = swe_eval.check_patch(req.patch)
         base: dict[str, Any] = {"ok": True, "resolved": False, "returncode": None, "output": "",
                                 "error": "", "timed_out": False, "tests_status": {},
-                                "fail_to_pass": {}, "pass_to_pass": {},
+                                "fail_to_pass": {}, "pass_to_pass": {}, "reward_hack": [],
                                 "mode": "swebench" if req.instance is not None else "script"}
         if req.instance is not None:
             instance, script = self._instance_script(req)
@@ -261,15 +262,30 @@ class Envd:
         if reason is not None:
             self.metrics.evaluations.labels("bad_patch").inc()
             return {**base, "error": f"patch rejected: {reason}"}
+        found = tamper.inspect_patch(req.patch, instance)
+        if found:
+            return {**base, **self._refuse(c, found)}
         await self.touch(c)
         if instance is None:
             result = await self._run_eval(c, req.patch, script, req.cwd, timeout, reset=True)
             result.pop("log", None)
+            result.pop("nonce", None)
         else:
             result = await self._grade_fresh(c, req, instance, script, timeout)
-        self.metrics.evaluations.labels("resolved" if result.get("resolved") else "unresolved").inc()
+        if not result.get("reward_hack"):
+            self.metrics.evaluations.labels("resolved" if result.get("resolved") else "unresolved").inc()
         await self.touch(c)
         return {**base, **result}
+
+    def _refuse(self, c: Owned, found: list[tamper.Tamper]) -> dict[str, Any]:
+        """The answer for a patch that tampers with how tests run or report: unresolved, why, counted."""
+        self.metrics.evaluations.labels("reward_hack").inc()
+        for t in found:
+            self.metrics.reward_hacks.labels(t.kind).inc()
+        log.warning("reward_hack_refused", container_id=c.id[:12], kinds=sorted({t.kind for t in found}),
+                    paths=sorted({t.path for t in found})[:10])
+        return {"resolved": False, "error": tamper.summarize(found),
+                "reward_hack": [t.as_dict() for t in found]}
 
     def _instance_script(self, req: EvaluateReq) -> tuple[dict[str, Any], str]:
         try:
@@ -282,11 +298,16 @@ class Envd:
         return instance, script
 
     async def _run_eval(self, c: Owned, patch: str, script: str, cwd: str, timeout_s: float,
-                        reset: bool) -> dict[str, Any]:
-        """Apply `patch` in c (after a reset, in script mode) and run `script`."""
+                        reset: bool, instance: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Apply `patch` in c (after a reset, in script mode) and run `script`. With `instance`
+        (SWE-bench grading in a fresh container), the test infrastructure is checked and put back
+        to the base commit after the patch, and the test output is framed by a per-run nonce
+        (`log`, for swe_eval.grade with that `nonce`)."""
         assert self.backend
         await self.run(self.backend.put_file, c.id, swe_eval.PATCH_PATH, patch.encode())
-        await self.run(self.backend.put_file, c.id, EVAL_PATH, script.encode(), 0o755)
+        nonce = secrets.token_hex(16) if instance is not None else None
+        run_script = swe_eval.frame_script(script) if nonce else script
+        await self.run(self.backend.put_file, c.id, EVAL_PATH, run_script.encode(), 0o755)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
         attempts = " || ".join(f"{cmd} {swe_eval.PATCH_PATH}" for cmd in swe_eval.APPLY_PATCH_COMMANDS)
         apply = await self.exec(c, f"{prefix}({attempts})", cwd, {}, APPLY_TIMEOUT_S)
@@ -294,13 +315,39 @@ class Envd:
             return {"resolved": False, "returncode": apply.returncode, "output": self._tail(apply.output),
                     "error": f"patch does not apply: {self._tail(apply.output, 2000)}",
                     "timed_out": apply.timed_out}
+        if instance is not None:
+            refused = await self._pristine(c, patch, instance, cwd)
+            if refused:
+                return {**self._refuse(c, refused), "returncode": None}
         run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
         out: dict[str, Any] = {"resolved": run.returncode == 0 and not run.timed_out,
                                "returncode": run.returncode, "output": self._tail(run.output),
-                               "timed_out": run.timed_out, "log": run.output}
+                               "timed_out": run.timed_out,
+                               "log": swe_eval.frame_log(run.output, nonce) if nonce else run.output,
+                               "nonce": nonce}
         if run.timed_out:
             out["error"] = f"evaluation timed out after {timeout_s:g}s"
         return out
+
+    async def _pristine(self, c: Owned, patch: str, instance: dict[str, Any], cwd: str) -> list[tamper.Tamper]:
+        """After the patch: its pytest settings compared parsed (setup.cfg / pyproject.toml), then
+        the test infrastructure put back to the base commit. Returns what tampers (if anything)."""
+        found = []
+        for path in tamper.settings_files(patch):
+            sep = secrets.token_hex(8)
+            q = shlex.quote(path)
+            both = await self.exec(c, f"git show HEAD:{q} 2>/dev/null; echo; echo {sep}; cat {q} 2>/dev/null",
+                                   cwd, {}, APPLY_TIMEOUT_S)
+            before, _, after = both.output.partition(f"\n{sep}\n")
+            hit = tamper.pytest_settings_changed(path, before, after)
+            if hit:
+                found.append(hit)
+        if found:
+            return found
+        restore = await self.exec(c, tamper.restore_script(instance, cwd), cwd, {}, APPLY_TIMEOUT_S)
+        if restore.returncode != 0:
+            raise ApiError(500, f"could not restore the test infrastructure: {self._tail(restore.output, 2000)}")
+        return []
 
     async def _grade_fresh(self, agent: Owned, req: EvaluateReq, instance: dict[str, Any],
                            script: str, timeout_s: float) -> dict[str, Any]:
@@ -311,11 +358,18 @@ class Envd:
                                               ttl_s=timeout_s + 600))
         fresh = self.owned[created["container_id"]]
         try:
-            result = await self._run_eval(fresh, req.patch, script, req.cwd, timeout_s, reset=False)
-            full_log = result.pop("log", "")
+            result = await self._run_eval(fresh, req.patch, script, req.cwd, timeout_s, reset=False,
+                                          instance=instance)
+            full_log, nonce = result.pop("log", ""), result.pop("nonce", None)
             if result.get("returncode") is None or (result.get("error", "").startswith("patch does not apply")):
                 return result
-            report = await anyio.to_thread.run_sync(swe_eval.grade, instance, full_log)
+            report = await anyio.to_thread.run_sync(swe_eval.grade, instance, full_log, nonce)
+            if report.forged:
+                found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
+                                       f"harness: {why}") for why in report.forged]
+                result.update(self._refuse(fresh, found), tests_status=report.tests_status,
+                              fail_to_pass=report.fail_to_pass, pass_to_pass=report.pass_to_pass)
+                return result
             result.update(resolved=report.resolved and not result["timed_out"],
                           tests_status=report.tests_status, fail_to_pass=report.fail_to_pass,
                           pass_to_pass=report.pass_to_pass)

@@ -25,6 +25,8 @@ class EnvdMetrics:
             "envd_create_duration_seconds", "Container create+start time.", registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
+        self.reward_hacks = Counter("envd_reward_hack_attempts", "Patches refused for changing how tests "
+                                    "run or report, by kind (envd.tamper.KINDS).", ["kind"], registry=r)
         self.errors = Counter("envd_errors", "Error answers, by endpoint and status.",
                               ["endpoint", "status"], registry=r)
         # task images: pulls (apart from create time), the disk budget

@@ -46,6 +46,9 @@ class EvalReport(BaseModel):
     pass_to_pass: dict[str, str] = Field(default_factory=dict,
                                          description="PASS_TO_PASS tests → status (MISSING when absent from the log).")
     error: str = Field("", description="Why grading could not run (patch failed, no test output markers, ...).")
+    forged: list[str] = Field(default_factory=list,
+                              description="Signs the test output imitates the harness: a listed test reported "
+                                          "both passed and failed, marker lines printed by the tests.")
 
 
 def eval_script_for(inst: dict[str, Any]) -> str:
@@ -95,6 +98,42 @@ def apply_patch_script(patch: str, path: str = PATCH_PATH, cwd: str = "/testbed"
             f"if ! ( {attempts} ); then echo '{APPLY_PATCH_FAIL}'; exit 1; fi\n")
 
 
+# Framing a graded run (frame_script): the processes alive when the eval script starts (init,
+# the container's main process, this exec's own chain) are noted; right after the test command
+# every other process is killed, so nothing the patch started can print after the tests (a
+# forged result or end marker). Without xtrace: the loops are noise.
+NOTE_PROCESSES = 'swarl_pre=" $(cd /proc && echo [0-9]*) "'
+REAP_OTHERS = """{ set +x; } 2>/dev/null
+for swarl_d in /proc/[0-9]*; do
+  swarl_q=${swarl_d#/proc/}
+  case "$swarl_pre" in *" $swarl_q "*) ;; *) kill -9 "$swarl_q" 2>/dev/null ;; esac
+done
+"""
+
+
+def frame_script(script: str) -> str:
+    """The eval script as envd runs it for grading: cut at its end-of-test-output marker (what
+    follows only restores the test files of a container about to be destroyed), with
+    NOTE_PROCESSES first and REAP_OTHERS last. envd frames the output itself (frame_log), so the
+    script prints no marker the grader trusts."""
+    lines = script.splitlines()
+    end = next((i for i, line in enumerate(lines) if END_TEST_OUTPUT in line), len(lines))
+    head = 1 if lines and lines[0].startswith("#!") else 0
+    return "\n".join([*lines[:head], NOTE_PROCESSES, *lines[head:end], REAP_OTHERS]) + "\n"
+
+
+def frame_log(output: str, nonce: str) -> str:
+    """The output of a framed script with envd's own markers, which carry `nonce` (never shown
+    to the container): the test output starts after the first start marker line (printed before
+    any test runs, so it cannot be forged) and ends with the output; marker lines printed by
+    the tests themselves are plain text inside it."""
+    head, sep, rest = output.partition(START_TEST_OUTPUT)
+    if not sep:
+        return output
+    _, nl, tests = rest.partition("\n")
+    return f"{head}{START_TEST_OUTPUT} {nonce}\n{tests if nl else ''}\n{END_TEST_OUTPUT} {nonce}\n"
+
+
 def _parser_for(inst: dict[str, Any]):
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers import python as py_parsers
@@ -113,8 +152,27 @@ def _parser_for(inst: dict[str, Any]):
     raise ValueError(f"repo: no log parser known for {inst['repo']!r}; set the row's log_parser")
 
 
-def grade(inst: dict[str, Any], log: str) -> EvalReport:
-    """Grade the output of the eval script (`log`) against the row, SWE-bench style."""
+_GOOD, _BAD = {"PASSED", "XFAIL"}, {"FAILED", "ERROR"}
+
+
+def forged_results(parser: Any, section: str, spec: Any, tests: list[str]) -> list[str]:
+    """Listed tests the output reports both passed and failed: a runner reports each test once,
+    so the other line was printed by the code under test (the parser keeps the last one)."""
+    seen: dict[str, set[str]] = {}
+    wanted = set(tests)
+    for line in section.splitlines():
+        if not any(t in line for t in wanted):
+            continue
+        for test, status in (parser(line, spec) or {}).items():
+            if test in wanted:
+                seen.setdefault(test, set()).add(status)
+    return [f"{t}: reported both {'/'.join(sorted(v & _GOOD))} and {'/'.join(sorted(v & _BAD))}"
+            for t, v in sorted(seen.items()) if v & _GOOD and v & _BAD]
+
+
+def grade(inst: dict[str, Any], log: str, nonce: str | None = None) -> EvalReport:
+    """Grade the output of the eval script (`log`) against the row, SWE-bench style. With
+    `nonce`, only markers carrying it (frame_log's) delimit the test output."""
     from swebench.harness.constants import (
         FAIL_ONLY_REPOS,
         FAIL_TO_PASS,
@@ -133,19 +191,24 @@ def grade(inst: dict[str, Any], log: str) -> EvalReport:
     for bad in (APPLY_PATCH_FAIL, RESET_FAILED, TESTS_ERROR, TESTS_TIMEOUT):
         if bad in log:
             return missing.model_copy(update={"error": f"harness reported {bad.strip('> ')!r}"})
-    if START_TEST_OUTPUT not in log or END_TEST_OUTPUT not in log:
+    start, end = (f"{START_TEST_OUTPUT} {nonce}", f"{END_TEST_OUTPUT} {nonce}") if nonce else \
+        (START_TEST_OUTPUT, END_TEST_OUTPUT)
+    if start not in log or end not in log:
         return missing.model_copy(update={"error": "no test output: the log lacks the harness's "
                                                    f"{START_TEST_OUTPUT!r} / {END_TEST_OUTPUT!r} lines"})
     # Parsers only read instance_id from the spec; a full TestSpec needs a known repo.
     spec = SimpleNamespace(instance_id=inst["instance_id"], repo=inst["repo"], version=inst.get("version"),
                            FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p)
-    section = log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+    section = log.split(start, 1)[1].split(end, 1)[0]
     status = parser(section, spec) or parser(log, spec)  # the harness's fallback, as in get_logs_eval
+    forged = forged_results(parser, section, spec, f2p + p2p)
+    if nonce and (START_TEST_OUTPUT in section or END_TEST_OUTPUT in section):
+        forged.append("the test output holds the harness's marker lines (printed by the code under test)")
     eval_type = EvalType.FAIL_ONLY if inst["repo"] in FAIL_ONLY_REPOS else EvalType.PASS_AND_FAIL
     report = get_eval_tests_report(status, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p}, eval_type=eval_type)
-    resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
+    resolved = get_resolution_status(report) == ResolvedStatus.FULL.value and not forged
     return EvalReport(
-        resolved=resolved,
+        resolved=resolved, forged=forged,
         tests_status=dict(status),
         fail_to_pass={t: status.get(t, "MISSING") for t in f2p},
         pass_to_pass={t: status.get(t, "MISSING") for t in p2p},

@@ -35,6 +35,8 @@ from learner.train import batch_items
 from learner.trainer import Trainer
 from weight_sync.protocols import WeightPublisher
 
+# Per-episode counts also logged as their batch total, agent/<name> (e.g. reward-hack attempts).
+COUNTED_METRICS = ("reward_hack_attempts",)
 log = get_logger("learner")
 
 
@@ -212,6 +214,8 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
     for k, vs in values.items():
         out[f"agent/{k}_mean"] = sum(vs) / len(vs)
         out[f"agent/{k}_max"] = max(vs)
+        if k in COUNTED_METRICS:
+            out[f"agent/{k}"] = sum(vs)
     return out
 
 
