@@ -97,11 +97,16 @@ class Rollouts:
             self._judges = (time.monotonic(), urls)
         return urls
 
-    async def _keep_pin(self, server_id: str, pin_id: str) -> None:
-        while True:
-            await asyncio.sleep(min(self.a.heartbeat_s, PIN_TTL_S / 4))
-            with contextlib.suppress(Exception):
-                await self.servers.renew_pin(server_id, pin_id, PIN_TTL_S)
+    async def _keep_pin(self, server_id: str, pin_id: str, stop: asyncio.Event) -> None:
+        # stopped by the event, not by cancel(): redis-py 5.3 with a socket timeout now and then
+        # swallows a cancellation landing inside a command (redis-py #2028/#2551), and awaiting
+        # the cancelled task then hung the job after its episode was done (jobs:done missing)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(self.a.heartbeat_s, PIN_TTL_S / 4))
+            if not stop.is_set():
+                with contextlib.suppress(Exception):
+                    await self.servers.renew_pin(server_id, pin_id, PIN_TTL_S)
 
     # -- one job -----------------------------------------------------------------------
     async def run(self, payload: dict[str, Any], job_try: int = 1) -> dict[str, Any]:
@@ -113,12 +118,13 @@ class Rollouts:
         admitted = produced = False
         server = policy = None
         renew: asyncio.Task[None] | None = None
+        stop_renewing = asyncio.Event()
         self.running += 1
         try:
             await self._admit()
             admitted = True
             server = await self._pin(pin_id)
-            renew = asyncio.create_task(self._keep_pin(server.id, pin_id))
+            renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
             policy = ServerPolicy(server.url, self.api_key, self.a.generate_timeout_s)
             version = server.version or 0
             ep = await self.episodes.run(job, policy, version, meta={
@@ -160,12 +166,12 @@ class Rollouts:
             return {"masked": True, "reason": e.reason}
         finally:
             self.running -= 1
+            stop_renewing.set()
             await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not produced))
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
                        policy: ServerPolicy | None, release: bool) -> None:
         if renew is not None:
-            renew.cancel()
             with contextlib.suppress(BaseException):
                 await renew
         if server is not None:

@@ -62,13 +62,13 @@ def build_settings(rt: ActorRuntime, concurrency: int) -> type:
         return await ctx["rollouts"].run(payload, int(ctx.get("job_try", 1)))
 
     return worker_settings(rt.queue, keys, redis_url, rollout, on_startup=on_startup,
-                           on_shutdown=on_shutdown, max_jobs=concurrency)
+                           on_shutdown=on_shutdown, max_jobs=concurrency, redis_cfg=rt.redis)
 
 
 async def run_actor(rt: ActorRuntime, concurrency: int) -> None:
     import logging
 
-    from arq.worker import create_worker
+    from broker.tasks import create_worker
 
     # arq's own lines (job started / finished / retried) go where swarl's logs go
     arq_log = logging.getLogger("arq")

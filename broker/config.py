@@ -16,8 +16,14 @@ class RedisConfig(Section):
     prefix: str = Field("swarl", description="First component of every key: <prefix>:{<run>}:...")
     socket_timeout_s: float = Field(30.0, description="Per-command socket timeout (seconds).")
     connect_timeout_s: float = Field(5.0, description="TCP connect timeout (seconds).")
-    retries: int = Field(5, description="Reconnect attempts per command on connection errors.")
-    retry_backoff_s: float = Field(0.2, description="First backoff between retries; doubles, capped at 5 s.")
+    outage_s: float = Field(120.0, gt=0, description="How long a command keeps retrying while Redis is "
+                            "unreachable (restart, failover, network blip), with backoff and a log line "
+                            "per attempt; past it the error reaches the caller and the process exits "
+                            "for its supervisor to restart.")
+    retry_backoff_s: float = Field(0.2, description="First backoff between reconnect attempts; doubles "
+                                   "up to retry_backoff_max_s.")
+    retry_backoff_max_s: float = Field(1.0, description="Longest backoff between reconnect attempts "
+                                       "(bounds how long a process idles after Redis is back).")
     max_connections: int = Field(64, description="Connection pool size per process.")
     appendonly: bool = Field(True, description="Private redis-server only: AOF with appendfsync everysec.")
 

@@ -1,14 +1,21 @@
 """Redis connections from a URL: redis://, rediss://, unix://, or redis+sentinel://.
 
-Every client reconnects and retries a command a bounded number of times with exponential
-backoff on connection errors and timeouts (redis-py's Retry), so a Redis restart costs a pause,
-not a crash. Replies are bytes (the sample wire format is binary).
+Every client rides out a Redis outage (a restart, a Sentinel failover, a network blip): a
+command that meets a connection error, a timeout or a loading Redis reconnects and is retried
+with capped exponential backoff and one log line per attempt until `redis.outage_s` have passed
+since its first failure; only then does the error reach the caller (and, in a process, end it
+for its supervisor to restart). One policy, in one place, for every process and for arq's
+worker, which gets its connection from here too (`arq_redis`). Replies are bytes (the sample
+wire format is binary).
 """
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import inspect
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
@@ -20,10 +27,82 @@ from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
 from broker.config import RedisConfig
+from common.logs import get_logger
 
+log = get_logger("broker.redis")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 T = TypeVar("T")
 _RETRY_ON = [ConnectionError, TimeoutError, BusyLoadingError]
+# A connect's socket errors too: redis-py opens a pool's first connection outside the command's
+# retry, so without them a fresh client would fail at once while Redis is down.
+_RETRY_ALSO_ON = (OSError, builtins.TimeoutError)
+
+
+class _Outage:
+    """The outage policy shared by the sync and asyncio retries: how long to wait before the
+    next attempt, or None once the budget is spent (then the error goes to the caller)."""
+
+    def __init__(self, cfg: RedisConfig) -> None:
+        self.backoff = ExponentialBackoff(cap=cfg.retry_backoff_max_s, base=cfg.retry_backoff_s)
+        self.budget_s = cfg.outage_s
+
+    def next_delay(self, started: float, failures: int, error: Exception) -> float | None:
+        elapsed = time.monotonic() - started
+        if elapsed >= self.budget_s:
+            log.error("redis_outage_budget_exceeded", attempts=failures, elapsed_s=round(elapsed, 1),
+                      outage_s=self.budget_s, error=f"{type(error).__name__}: {error}")
+            return None
+        delay = min(self.backoff.compute(failures), self.budget_s - elapsed)
+        log.warning("redis_unreachable_retrying", attempt=failures, elapsed_s=round(elapsed, 1),
+                    outage_s=self.budget_s, next_in_s=round(delay, 2),
+                    error=f"{type(error).__name__}: {error}")
+        return delay
+
+
+class OutageRetry(Retry):
+    """redis-py's Retry with a time budget (redis.outage_s) instead of a count of attempts."""
+
+    __slots__ = ("_outage",)
+
+    def __init__(self, cfg: RedisConfig) -> None:
+        super().__init__(ExponentialBackoff(), -1, (*_RETRY_ON, *_RETRY_ALSO_ON))
+        self._outage = _Outage(cfg)
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[[Exception], Any]) -> T:
+        started, failures = time.monotonic(), 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                failures += 1
+                fail(error)  # drops the connection (or raises, e.g. WatchError inside a MULTI)
+                delay = self._outage.next_delay(started, failures, error)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+
+class AsyncOutageRetry(AsyncRetry):
+    """The asyncio twin of OutageRetry."""
+
+    __slots__ = ("_outage",)
+
+    def __init__(self, cfg: RedisConfig) -> None:
+        super().__init__(ExponentialBackoff(), -1, (*_RETRY_ON, *_RETRY_ALSO_ON))  # type: ignore[arg-type]
+        self._outage = _Outage(cfg)
+
+    async def call_with_retry(self, do: Callable[[], Awaitable[T]], fail: Callable[[Any], Any]) -> T:
+        started, failures = time.monotonic(), 0
+        while True:
+            try:
+                return await do()
+            except self._supported_errors as error:
+                failures += 1
+                await fail(error)
+                delay = self._outage.next_delay(started, failures, error)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
 
 def _common_kwargs(cfg: RedisConfig, retry: Any) -> dict[str, Any]:
@@ -66,10 +145,10 @@ def _check_scheme(url: str) -> str:
     return scheme
 
 
-def _client(url: str, cfg: RedisConfig | None, sync: bool) -> Any:
+def _client(url: str, cfg: RedisConfig | None, sync: bool, redis_class: type | None = None) -> Any:
     cfg = cfg or RedisConfig()
     scheme = _check_scheme(url)
-    retry = (Retry if sync else AsyncRetry)(ExponentialBackoff(cap=5.0, base=cfg.retry_backoff_s), cfg.retries)
+    retry = OutageRetry(cfg) if sync else AsyncOutageRetry(cfg)
     kwargs = _common_kwargs(cfg, retry)
     if scheme in SENTINEL_SCHEMES:
         if sync:
@@ -78,9 +157,14 @@ def _client(url: str, cfg: RedisConfig | None, sync: bool) -> Any:
             from redis.asyncio.sentinel import Sentinel  # type: ignore[assignment]
         hosts, master, db, opts = _sentinel_parts(url)
         kwargs.pop("max_connections")
+        # master_for's connections ask the Sentinels for the primary on every (re)connect, so
+        # the outage retry follows a failover
         sentinel = Sentinel(hosts, socket_timeout=cfg.connect_timeout_s, **opts)
+        if redis_class is not None:
+            kwargs["redis_class"] = redis_class
         return sentinel.master_for(master, db=db, **kwargs, **opts)
-    return (redis.Redis if sync else aioredis.Redis).from_url(url, **kwargs)
+    cls: Any = redis_class or (redis.Redis if sync else aioredis.Redis)
+    return cls.from_url(url, **kwargs)
 
 
 def connect(url: str, cfg: RedisConfig | None = None) -> aioredis.Redis:
@@ -90,6 +174,12 @@ def connect(url: str, cfg: RedisConfig | None = None) -> aioredis.Redis:
 
 def connect_sync(url: str, cfg: RedisConfig | None = None) -> redis.Redis:
     return _client(url, cfg, sync=True)
+
+
+def connect_as(redis_class: type[T], url: str, cfg: RedisConfig | None = None) -> T:
+    """An asyncio client of a redis.asyncio.Redis subclass (arq's ArqRedis) with the same
+    outage policy and Sentinel handling as `connect`."""
+    return _client(url, cfg, sync=False, redis_class=redis_class)
 
 
 async def reply(value: Awaitable[T] | T) -> T:

@@ -22,16 +22,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import msgpack
 import redis.asyncio as aioredis
-from arq import create_pool
-from arq.connections import ArqRedis, RedisSettings
-from arq.worker import Retry, func
+from arq.connections import ArqRedis
+from arq.worker import Retry, Worker, func, get_kwargs
+from redis.exceptions import RedisError
 
-from broker.config import QueueConfig
-from broker.connection import SENTINEL_SCHEMES, _sentinel_parts, reply
+from broker.config import QueueConfig, RedisConfig
+from broker.connection import connect_as, reply
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from common.logs import get_logger
 
@@ -39,9 +38,8 @@ log = get_logger("broker.tasks")
 JOB_FUNCTION = "rollout"
 KEEP_RESULT_S = 7 * 24 * 3600
 FINALISE_S = 60  # arq's timeout exceeds swarl's by this much: time to record a timed-out job
-__all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "dump_job", "enqueue_jobs", "load_job",
-           "record_failure", "worker_settings"]
-_TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+__all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "SwarlWorker", "arq_pool", "arq_redis",
+           "create_worker", "dump_job", "enqueue_jobs", "load_job", "record_failure", "worker_settings"]
 _PICKLE_PROTO = 0x80  # every pickle of protocol >= 2 starts with PROTO 0x80
 
 Rollout = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
@@ -81,25 +79,41 @@ def load_job(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def arq_settings(url: str) -> RedisSettings:
-    """arq's connection settings for the same URLs broker.connection accepts."""
-    scheme = urlparse(url).scheme
-    if scheme in SENTINEL_SCHEMES:
-        hosts, master, db, opts = _sentinel_parts(url)
-        return RedisSettings(host=hosts, sentinel=True, sentinel_master=master, database=db,
-                             password=opts.get("password"), ssl=bool(opts.get("ssl")))
-    s = RedisSettings.from_dsn(url)
-    # from_dsn drops the query; keep the TLS options redis-py's from_url reads from it.
-    for k, v in parse_qs(urlparse(url).query).items():
-        if k in _TLS_QUERY:
-            setattr(s, k, v[0].lower() in ("1", "true", "yes") if k == "ssl_check_hostname" else v[0])
-    s.conn_timeout = 5
-    s.conn_retries = 5
-    return s
+def arq_redis(url: str, cfg: RedisConfig | None = None) -> ArqRedis:
+    """arq's client, built by broker.connection like every other client: the same URLs and the
+    same outage policy. arq's own create_pool retries only its first connect, and with
+    sentinel=True passes no retry at all, so a restart or failover would end its worker."""
+    pool = connect_as(ArqRedis, url, cfg)
+    pool.job_serializer, pool.job_deserializer = dump_job, load_job
+    return pool
 
 
-async def arq_pool(url: str) -> ArqRedis:
-    return await create_pool(arq_settings(url), job_serializer=dump_job, job_deserializer=load_job)
+async def arq_pool(url: str, cfg: RedisConfig | None = None) -> ArqRedis:
+    pool = arq_redis(url, cfg)
+    await pool.ping()
+    return pool
+
+
+class SwarlWorker(Worker):
+    """arq's Worker with a poll loop that outlives a Redis outage.
+
+    arq 0.28's `main` runs `_poll_iteration` (ZRANGEBYSCORE, the claim transaction, the health
+    key) with no error handling, so any Redis error ends the worker. Commands already retry
+    through broker.connection's outage policy; what is left is an error it cannot retry (a
+    WatchError when the connection drops between WATCH and MULTI in `start_jobs`). Such a poll
+    is logged and the next one retries; the job-slot count arq took before the failed claim is
+    recomputed from the jobs actually running, so no slot leaks.
+    """
+
+    async def _poll_iteration(self) -> None:
+        try:
+            await super()._poll_iteration()
+        except RedisError as e:
+            running = sum(not t.done() for t in self.tasks.values())
+            leaked = self.job_counter - running
+            for _ in range(max(0, leaked)):
+                self._release_sem_dec_counter_on_complete()
+            log.warning("worker_poll_failed", error=f"{type(e).__name__}: {e}", slots_released=leaked)
 
 
 @dataclass(frozen=True)
@@ -162,16 +176,25 @@ async def record_failure(redis: aioredis.Redis, keys: Keys, job_id: str, reason:
     log.error("job_failed_for_good", job_id=job_id, reason=reason, tries=tries)
 
 
-async def _renew_claim(redis: aioredis.Redis, job_id: str, ttl_ms: int, every_s: float) -> None:
+async def _renew_claim(redis: aioredis.Redis, job_id: str, ttl_ms: int, every_s: float,
+                       stop: asyncio.Event) -> None:
+    # stopped by an event, not by cancel(): redis-py 5.3 with a socket timeout now and then
+    # swallows a cancellation that lands inside a command, and the renewal would outlive its job
     key = ARQ_IN_PROGRESS_PREFIX + job_id
-    while True:
+    while not stop.is_set():
         with contextlib.suppress(Exception):  # a blip must not kill the job; the next renewal retries
             await redis.pexpire(key, ttl_ms)
-        await asyncio.sleep(every_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
+def create_worker(settings: type, **kwargs: Any) -> SwarlWorker:
+    """arq's create_worker, building a SwarlWorker."""
+    return SwarlWorker(**{**get_kwargs(settings), **kwargs})
 
 
 def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout, on_startup: Any = None,
-                    on_shutdown: Any = None, max_jobs: int = 4) -> type:
+                    on_shutdown: Any = None, max_jobs: int = 4, redis_cfg: RedisConfig | None = None) -> type:
     """An arq WorkerSettings class running `rollout(ctx, payload)` for each job.
 
     Retries are bounded: an exception on try < max_tries re-queues with backoff
@@ -188,7 +211,8 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
             return {"failed": True}
         if await reply(redis.sismember(keys.jobs_done, job_id)):  # an earlier try wrote its samples
             return {"skipped": "already done"}
-        renew = asyncio.create_task(_renew_claim(redis, job_id, ttl_ms, q.claim_renew_s))
+        stop_renewing = asyncio.Event()
+        renew = asyncio.create_task(_renew_claim(redis, job_id, ttl_ms, q.claim_renew_s, stop_renewing))
         try:
             # swarl's own deadline, inside arq's: arq's timeout finishes a job without a trace
             # (neither done nor failed), ours ends in a retry or a failure with its reason.
@@ -206,16 +230,16 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
             log.warning("job_retry", job_id=job_id, job_try=job_try, reason=reason)
             raise Retry(defer=min(30.0, 2.0 ** job_try)) from e
         finally:
-            renew.cancel()
+            stop_renewing.set()
             with contextlib.suppress(asyncio.CancelledError):
-                await renew
+                await asyncio.shield(renew)
         return result
 
     attrs = {
         "functions": [func(run_rollout, name=JOB_FUNCTION, max_tries=q.max_tries + 1,
                            timeout=q.job_timeout_s + FINALISE_S, keep_result=KEEP_RESULT_S)],
         "queue_name": keys.queue,
-        "redis_settings": arq_settings(redis_url),
+        "redis_pool": arq_redis(redis_url, redis_cfg),
         "job_serializer": dump_job,
         "job_deserializer": load_job,
         "max_jobs": max_jobs,

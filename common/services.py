@@ -60,9 +60,11 @@ class RedisProcess:
 
 
 def start_redis(
-    dir: str | os.PathLike[str] | None = None, port: int | None = None, appendonly: bool = False
+    dir: str | os.PathLike[str] | None = None, port: int | None = None, appendonly: bool = False,
+    extra_args: list[str] | None = None,
 ) -> RedisProcess:
-    """Start redis-server on loopback in `dir` (AOF everysec when appendonly)."""
+    """Start redis-server on loopback in `dir` (AOF everysec when appendonly); `extra_args` go
+    last (e.g. `--replicaof 127.0.0.1 <port>`)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not found: run `make setup` (apt-get install redis-server)")
@@ -72,6 +74,7 @@ def start_redis(
     args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d), "--save", "",
             "--daemonize", "no", "--loglevel", "warning", "--logfile", str(d / "redis.log")]
     args += ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
+    args += extra_args or []
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:

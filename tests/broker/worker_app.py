@@ -12,10 +12,9 @@ import os
 import sys
 
 import numpy as np
-from arq.worker import run_worker
 
 from broker.replay import ReplayWriter
-from broker.tasks import worker_settings
+from broker.tasks import create_worker, worker_settings
 from broker.wire import Sample
 from swarl.config import load_config
 
@@ -45,7 +44,7 @@ def main() -> None:
                 await asyncio.sleep(3600)  # e.g. unpinning against a loaded Redis
         return {"ok": True}
 
-    run_worker(worker_settings(cfg.queue, cfg.keys, url, rollout, max_jobs=2))
+    create_worker(worker_settings(cfg.queue, cfg.keys, url, rollout, max_jobs=2)).run()
 
 
 if __name__ == "__main__":
