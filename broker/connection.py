@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,7 +24,14 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    BusyLoadingError,
+    ConnectionError,
+    MaxConnectionsError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from broker.config import RedisConfig
@@ -38,6 +46,14 @@ _RETRY_ON = [ConnectionError, TimeoutError, BusyLoadingError]
 _RETRY_ALSO_ON = (OSError, builtins.TimeoutError)
 
 
+def _permanent(error: BaseException) -> bool:
+    """Errors that waiting does not cure (a wrong password, a refused certificate, a full
+    connection pool): they go to the caller at once."""
+    if isinstance(error, AuthenticationError | AuthorizationError | MaxConnectionsError | ssl.SSLError):
+        return True
+    return isinstance(error.__context__, ssl.SSLError)  # redis-py re-raises an SSLError as ConnectionError
+
+
 class _Outage:
     """The outage policy shared by the sync and asyncio retries: how long to wait before the
     next attempt, or None once the budget is spent (then the error goes to the caller)."""
@@ -47,6 +63,8 @@ class _Outage:
         self.budget_s = cfg.outage_s
 
     def next_delay(self, started: float, failures: int, error: Exception) -> float | None:
+        if _permanent(error):
+            return None
         elapsed = time.monotonic() - started
         if elapsed >= self.budget_s:
             log.error("redis_outage_budget_exceeded", attempts=failures, elapsed_s=round(elapsed, 1),

@@ -1,6 +1,9 @@
-"""Start and stop swarl's own processes (the demo and tests orchestrate with this): each child
-is a real `swarl ...` subcommand with its log in a file; stopping sends SIGTERM (graceful, as
-systemd does), waits a bounded time, then SIGKILLs the whole process group."""
+"""Start, supervise and stop swarl's own processes (the demo and tests orchestrate with this):
+each child is a real `swarl ...` subcommand with its log in a file; stopping sends SIGTERM
+(graceful, as systemd does), waits a bounded time, then SIGKILLs the whole process group. A
+child started with a Restart policy is restarted when it fails, as systemd's Restart=on-failure
+would: after a backoff that doubles, and only up to a start limit (a child that keeps failing
+is a fault the group cannot survive)."""
 
 from __future__ import annotations
 
@@ -81,19 +84,53 @@ class Child:
             self.proc.wait(timeout=5)
 
 
+@dataclass(frozen=True)
+class Restart:
+    """systemd's Restart=on-failure: a child that exits with a failure (a non-zero code or a
+    signal other than SIGTERM) starts again after `backoff_s`, doubling per restart up to
+    `backoff_max_s` (RestartSec); more than `burst` restarts within `interval_s`
+    (StartLimitBurst / StartLimitIntervalSec) and the group gives up on it. `args`, when set,
+    replace the command line on restarts (the learner continues with --resume)."""
+
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    burst: int = 5
+    interval_s: float = 300.0
+    args: tuple[str, ...] | None = None
+
+
+def _failed(code: int | None) -> bool:
+    return code is not None and code not in (0, -signal.SIGTERM)
+
+
 @dataclass
 class Proc(Child):
     """One of a ProcessGroup's `swarl` subcommands (its own process group)."""
 
     name: str = ""
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restart: Restart | None = None
+    restarts: list[float] = field(default_factory=list)  # monotonic times of restarts
+    restart_at: float | None = None  # a failed child waiting out its backoff
+    last_failure: str = ""
+    stopping: bool = False  # stopped on purpose: not restarted
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
     def stop(self, timeout: float = 30.0) -> int | None:
+        self.stopping = True
         return terminate(self.proc, timeout, group=True)
+
+    def state(self) -> str:
+        """One word for a live view: running, restarting (backoff), exited(<code>)."""
+        if self.alive():
+            return "running"
+        if self.restart_at is not None:
+            return "restarting"
+        return f"exited({self.proc.returncode})"
 
 
 @dataclass
@@ -102,17 +139,52 @@ class ProcessGroup:
     env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+    def _spawn(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        full_env = {**os.environ, **self.env, **env}
+        with open(log_path, "ab") as f:
+            return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=full_env, start_new_session=True)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              restart: Restart | None = None) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        full_env = {**os.environ, **self.env, **(env or {})}
-        with open(log_path, "ab") as f:
-            popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=full_env, start_new_session=True)
-        p = Proc(popen, log_path, name, args)
+        popen = self._spawn(args, log_path, env or {})
+        p = Proc(popen, log_path, name, args, env=dict(env or {}), restart=restart)
         self.procs.append(p)
         log.info("started", name=name, pid=popen.pid, log=log_path)
         return p
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart failed children that have a Restart policy (after their backoff); raise, with
+        the end of its log, for a failed child without one or past its start limit. Returns a
+        line per event (failure seen, restart done) for a live view. Call it every second or so."""
+        now = time.monotonic() if now is None else now
+        events = []
+        for p in self.procs:
+            if p.stopping or p.alive() or not _failed(p.proc.returncode):
+                continue
+            if p.restart is None:
+                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}; last log lines:\n{p.tail()}")
+            pol = p.restart
+            if p.restart_at is None:  # a failure just seen
+                recent = [t for t in p.restarts if now - t < pol.interval_s]
+                if len(recent) >= pol.burst:
+                    raise RuntimeError(f"{p.name} failed {len(recent) + 1} times within {pol.interval_s:.0f}s "
+                                       f"(exit {p.proc.returncode}); giving up. Last log lines:\n{p.tail()}")
+                delay = min(pol.backoff_max_s, pol.backoff_s * 2 ** len(recent))
+                p.restart_at, p.last_failure = now + delay, f"exit {p.proc.returncode}"
+                log.warning("child_failed", name=p.name, code=p.proc.returncode, restart_in_s=delay,
+                            restarts_recent=len(recent))
+                events.append(f"{p.name} exited with {p.proc.returncode}; restarting in {delay:.0f}s")
+            if now >= p.restart_at:
+                args = list(pol.args) if pol.args is not None else p.args
+                p.proc = self._spawn(args, p.log_path, p.env)
+                p.restarts.append(now)
+                p.restart_at = None
+                log.warning("child_restarted", name=p.name, pid=p.proc.pid, restarts=len(p.restarts))
+                events.append(f"{p.name} restarted (pid {p.proc.pid}, restart #{len(p.restarts)})")
+        return events
 
     def stop(self, name: str, timeout: float = 30.0) -> None:
         for p in self.procs:
@@ -125,9 +197,9 @@ class ProcessGroup:
             p.stop(timeout)
 
     def check(self) -> None:
-        """Raise if any process died (with the end of its log)."""
+        """Raise if any process without a Restart policy died (with the end of its log)."""
         for p in self.procs:
-            if not p.alive() and p.proc.returncode not in (0, -signal.SIGTERM):
+            if p.restart is None and not p.stopping and not p.alive() and _failed(p.proc.returncode):
                 raise RuntimeError(f"{p.name} exited with {p.proc.returncode}; last log lines:\n{p.tail()}")
 
     def __enter__(self) -> ProcessGroup:

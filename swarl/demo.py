@@ -8,13 +8,18 @@ inference servers, actors, learner), started here with its log under <run_dir>/l
   4. envd, pool, N CPU inference servers (registered in Redis)
   5. resolve rate before training (train and held-out tasks)
   6. learner (+ weight sync) and K actors; train tasks enqueued; train for the time budget
-     with a live progress view
+     with a live progress view. Every process is supervised as its systemd unit would be
+     (Restart=on-failure with backoff and a start limit; the learner continues with --resume),
+     the private Redis too (restarted from its AOF); restarts show in the view, and only a
+     process that keeps failing ends the demo
   7. resolve rate after training, on the newest policy; plots; one JSON line
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,12 +33,14 @@ from typing import Any
 import yaml
 
 from common.logs import get_logger
-from common.procs import ProcessGroup, swarl_exe, wait_http
-from common.services import RedisProcess, ensure_docker, free_port, start_redis
+from common.procs import ProcessGroup, Restart, swarl_exe, wait_http
+from common.services import RedisProcess, ensure_docker, free_port, start_redis, wait_port
 from swarl.config import CONFIG_DIR, REPO_ROOT, SwarlConfig, load_config
 
 log = get_logger("demo")
 CACHE = Path(os.environ.get("SWARL_CACHE", Path.home() / ".cache" / "swarl"))
+RESTART = Restart(backoff_s=1.0, backoff_max_s=30.0, burst=5, interval_s=300.0)
+STATUS_STALE_S = 5.0  # a status read slower than this (Redis away) shows as such in the view
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Demo:
         self.redis: RedisProcess | None = None
         self.tokens = {k: secrets.token_hex(16) for k in ("envd", "inference")}
         self.server_urls: list[str] = []
+        self.events: list[str] = []  # supervision events, newest last, for the live view
+        self.redis_restarts = 0
 
     def say(self, msg: str) -> None:
         self.console.print(f"[bold cyan]swarl demo[/] {msg}")
@@ -145,12 +154,12 @@ class Demo:
         cfg_path = self.write_config(redis_url, model, pool_url=None)
         envd_port, pool_port = free_port(), free_port()
         envd = self.procs.start("envd", [*exe, "envd", "serve", "--port", str(envd_port), "-c", cfg_path,
-                                         "--node-id", "demo-node"])
+                                         "--node-id", "demo-node"], restart=RESTART)
         wait_http(f"http://127.0.0.1:{envd_port}/healthz", envd, 60,
                   headers={"Authorization": f"Bearer {self.tokens['envd']}"})
         pool_url = f"http://127.0.0.1:{pool_port}"
         pool = self.procs.start("pool", [*exe, "pool", "serve", "--port", str(pool_port), "-c", cfg_path,
-                                         "--exec-urls", f"http://127.0.0.1:{envd_port}"])
+                                         "--exec-urls", f"http://127.0.0.1:{envd_port}"], restart=RESTART)
         wait_http(f"{pool_url}/healthz", pool, 60, headers={"Authorization": f"Bearer {self.tokens['envd']}"})
         cfg_path = self.write_config(redis_url, model, pool_url)
         for i in range(self.o.servers):
@@ -158,7 +167,7 @@ class Demo:
             srv = self.procs.start(f"inference-{i}", [
                 *exe, "inference", "serve", "--model", str(model), "--port", str(port), "-c", cfg_path,
                 "--weight-version", "0", "--redis-url", redis_url, "--run-id", self.config().run.id,
-                "--server-id", f"cpu-{i}"])
+                "--server-id", f"cpu-{i}"], restart=RESTART)
             url = f"http://127.0.0.1:{port}"
             wait_http(f"{url}/health", srv, 120, headers={"Authorization": f"Bearer {self.tokens['inference']}"})
             self.server_urls.append(url)
@@ -219,10 +228,30 @@ class Demo:
     # -- training ----------------------------------------------------------------------
     def start_training(self, cfg_path: str, pool_url: str) -> None:
         exe = swarl_exe()
-        self.procs.start("learner", [*exe, "learner", "-c", cfg_path])
+        learner = [*exe, "learner", "-c", cfg_path]
+        self.procs.start("learner", learner,
+                         restart=dataclasses.replace(RESTART, args=(*learner, "--resume")))
         for i in range(self.o.actors):
             self.procs.start(f"actor-{i}", [*exe, "actor", "-c", cfg_path, "--concurrency",
-                                            str(self.o.concurrency), "--pool-url", pool_url])
+                                            str(self.o.concurrency), "--pool-url", pool_url], restart=RESTART)
+
+    def supervise(self) -> None:
+        """One round of supervision: the private Redis (restarted on its port from its AOF when
+        it died and nothing else took the port) and every child (common.procs.Restart)."""
+        r = self.redis
+        if r is not None and r.proc.poll() is not None:
+            try:
+                wait_port("127.0.0.1", r.port, timeout=0.2)  # restarted by hand meanwhile
+            except TimeoutError:
+                self.redis = start_redis(r.dir, port=r.port, appendonly=True)
+                self.redis_restarts += 1
+                self.note(f"redis-server exited with {r.proc.returncode}; restarted from its AOF")
+        for event in self.procs.supervise():
+            self.note(event)
+
+    def note(self, event: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')} {event}")
+        log.warning("supervision", what=event)
 
     async def enqueue(self, redis_url: str, epochs: range) -> None:
         from broker.tasks import arq_pool, enqueue_jobs, jobs_for
@@ -266,7 +295,17 @@ class Demo:
         t_end = time.monotonic() + self.o.minutes * 60
         r = connect(redis_url)
 
-        def view(st: dict[str, Any], rows: list[dict[str, Any]], left: float) -> Table:
+        async def status() -> dict[str, Any]:
+            """Read the run's status, topping the queue up; during a Redis outage this waits
+            (redis.outage_s) while the loop below goes on supervising."""
+            nonlocal epochs_enqueued
+            st = await gather(r, keys, cfg.replay, cfg.admission)
+            if st["queue"]["depth"] < 48:  # keep the actors busy
+                await self.enqueue(redis_url, range(epochs_enqueued, epochs_enqueued + 2))
+                epochs_enqueued += 2
+            return st
+
+        def view(st: dict[str, Any], rows: list[dict[str, Any]], left: float, stale_s: float) -> Table:
             t = Table(title=f"swarl demo — {self.run_dir.name}", title_justify="left")
             t.add_column("what")
             t.add_column("value")
@@ -283,19 +322,40 @@ class Demo:
             t.add_row("servers", ", ".join(f"{s['id']}:v{s['version']}:{s['state']}" for s in st["servers"]))
             t.add_row("actors", str(len(st["actors"])))
             t.add_row("samples/min", str(st["samples_per_min"]))
+            t.add_row("processes", ", ".join(
+                f"{p.name}:{p.state()}" + (f"(restarted {len(p.restarts)}x)" if p.restarts else "")
+                for p in self.procs.procs))
+            if stale_s > STATUS_STALE_S:
+                t.add_row("redis", f"[bold red]unreachable for {stale_s:.0f}s[/] (clients retry; "
+                          f"redis.outage_s={cfg.redis.outage_s:g})")
+            for event in self.events[-4:]:
+                t.add_row("supervision", event)
             return t
 
+        st: dict[str, Any] | None = None
+        reading: asyncio.Task[dict[str, Any]] | None = None
+        read_at = time.monotonic()
         try:
             with Live(console=self.console, refresh_per_second=1) as live:
                 while (left := t_end - time.monotonic()) > 0:
-                    self.procs.check()
-                    st = await gather(r, keys, cfg.replay, cfg.admission)
-                    if st["queue"]["depth"] < 48:  # keep the actors busy
-                        await self.enqueue(redis_url, range(epochs_enqueued, epochs_enqueued + 2))
-                        epochs_enqueued += 2
-                    live.update(view(st, self.metrics(), left))
-                    await asyncio.sleep(2.0)
+                    self.supervise()
+                    # one status read in flight at a time, never cancelled (a Redis outage only
+                    # makes the shown status stale; supervision goes on)
+                    if reading is None:
+                        reading = asyncio.create_task(status())
+                    if reading.done():
+                        try:
+                            st, read_at = reading.result(), time.monotonic()
+                        except Exception as e:  # Redis away past redis.outage_s: try again
+                            self.note(f"status read failed: {type(e).__name__}: {e}")
+                        reading = None
+                    if st is not None:
+                        live.update(view(st, self.metrics(), left, time.monotonic() - read_at))
+                    await asyncio.sleep(1.0)
         finally:
+            if reading is not None:
+                with contextlib.suppress(Exception):
+                    await reading
             await r.aclose()
         return epochs_enqueued
 
@@ -336,7 +396,9 @@ class Demo:
                 "heldout_before": before["heldout"], "heldout_after": after["heldout"],
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
-                "minutes": self.o.minutes, "run_dir": str(self.run_dir)}
+                "minutes": self.o.minutes, "run_dir": str(self.run_dir),
+                "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
+                | ({"redis": self.redis_restarts} if self.redis_restarts else {})}
 
     def close(self) -> None:
         self.procs.stop_all(30)
