@@ -99,10 +99,18 @@ class ServerInfo:
     meta_error: str = ""
     age_s: float = 0.0
     role: str = "policy"  # the hash's own `role` field: known even when meta is invalid
+    lease_left_s: float | None = None  # a coordinator's drain/update lease: seconds left (< 0: lapsed)
 
     @property
     def alive(self) -> bool:
         return self.age_s <= SERVER_TTL_S
+
+    @property
+    def lapsed(self) -> bool:
+        """Drained or being updated by a coordinator that stopped renewing its lease (it died):
+        pinned as if ready, and taken over by the next coordinator."""
+        return (self.state in ("draining", "updating") and self.lease_left_s is not None
+                and self.lease_left_s < 0)
 
 
 def _now_lua() -> str:
@@ -115,15 +123,27 @@ class ServerRegistry:
     # KEYS: the server set, the server's hash. ARGV: id, beat (1: refresh the heartbeat),
     # create (1: register; 0: update only an entry that exists, so an update after the entry
     # vanished, e.g. Redis restarted empty, never leaves a half entry), then field/value pairs.
+    # A `lease_s` pair is stored as `lease_until` = now + lease_s ('' clears it).
     _UPSERT = _now_lua() + """
     if ARGV[3] ~= '1' and redis.call('HEXISTS', KEYS[2], 'url') == 0 then return 0 end
     redis.call('SADD', KEYS[1], ARGV[1])
-    for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+    for i = 4, #ARGV, 2 do
+      if ARGV[i] == 'lease_s' then
+        local until_ = ''
+        if ARGV[i + 1] ~= '' then until_ = tostring(now + tonumber(ARGV[i + 1])) end
+        redis.call('HSET', KEYS[2], 'lease_until', until_)
+      else
+        redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+      end
+    end
     if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'heartbeat', tostring(now)) end
     return 1
     """
     # KEYS[1]: the server set; then per candidate i: KEYS[2i] its hash, KEYS[2i+1] its pins.
     # ARGV: pin_id, min_version, ttl_s, stale_s, then the candidates' ids in the same order.
+    # A server the weight-sync coordinator drained or was updating under a lease that lapsed
+    # (the coordinator died: the learner was killed mid-publish) serves again at the version it
+    # reports: a drain is never left standing forever.
     _PIN = _now_lua() + """
     local pin_id, min_v = ARGV[1], tonumber(ARGV[2])
     local ttl, stale = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -131,9 +151,11 @@ class ServerRegistry:
     for i = 5, #ARGV do
       local id, h, pk = ARGV[i], KEYS[2 * (i - 4)], KEYS[2 * (i - 4) + 1]
       if redis.call('SISMEMBER', KEYS[1], id) == 1 then
-        local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat', 'role')
+        local f = redis.call('HMGET', h, 'state', 'version', 'heartbeat', 'role', 'lease_until')
         local policy = (not f[4]) or f[4] == 'policy'
-        if policy and f[1] == 'ready' and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
+        local lapsed = (f[1] == 'draining' or f[1] == 'updating') and f[5] and f[5] ~= ''
+                       and tonumber(f[5]) < now
+        if policy and (f[1] == 'ready' or lapsed) and f[2] and f[2] ~= '' and tonumber(f[3] or '0') >= now - stale then
           local v = tonumber(f[2])
           if v and v >= min_v then
             redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
@@ -203,7 +225,7 @@ class ServerRegistry:
         _check_state(state)
         await self._set(server_id, True, True, url=url, version="" if version is None else version,
                         state=state, error="", meta=meta.model_dump_json(), role=meta.role,
-                        host=socket.gethostname())
+                        host=socket.gethostname(), lease_s="")
 
     async def heartbeat(self, server_id: str, version: int | None = None, state: str | None = None) -> bool:
         """False when the server has no entry (it must register again)."""
@@ -211,10 +233,17 @@ class ServerRegistry:
             _check_state(state)
         return await self._set(server_id, True, False, version=version, state=state)
 
-    async def set_state(self, server_id: str, state: str, version: int | None = None, error: str = "") -> bool:
-        """False when the server has no entry (left, or its entry was lost): nothing is written."""
+    async def set_state(self, server_id: str, state: str, version: int | None = None, error: str = "",
+                        lease_s: float | None = None) -> bool:
+        """False when the server has no entry (left, or its entry was lost): nothing is written.
+        `lease_s` (the weight-sync coordinator's draining/updating): the state holds only while
+        renewed (renew_lease) within that many seconds; without it any lease is cleared."""
         _check_state(state)
-        return await self._set(server_id, False, False, state=state, version=version, error=error)
+        return await self._set(server_id, False, False, state=state, version=version, error=error,
+                               lease_s="" if lease_s is None else lease_s)
+
+    async def renew_lease(self, server_id: str, lease_s: float) -> bool:
+        return await self._set(server_id, False, False, lease_s=lease_s)
 
     async def list(self, alive_only: bool = False, role: Role | None = None) -> list[ServerInfo]:
         """Every registered server (`role`: only those of that role)."""
@@ -285,6 +314,7 @@ def _server_info(sid: str, h: dict[str, str], pins: int, now: float) -> ServerIn
         state=h.get("state", "starting"), heartbeat=hb, pins=pins, error=h.get("error", ""),
         meta=meta, meta_error=meta_error, age_s=max(0.0, now - hb),
         role=h.get("role") or (meta.role if meta is not None else "policy"),
+        lease_left_s=float(h["lease_until"]) - now if h.get("lease_until") else None,
     )
 
 

@@ -46,6 +46,12 @@ class WeightSyncConfig(Section):
         "proceed (update anyway; the episodes still pinned finish on the new version, recorded "
         "per turn by actors, and counted in weights_episodes_version_changed).",
     )
+    lease_s: float = Field(
+        20.0, gt=0, description="A server the coordinator drains or updates holds that state only "
+        "while the coordinator renews this lease (every lease_s / 4); a coordinator that dies "
+        "(the learner killed mid-publish) leaves a lease that lapses, and the server then takes "
+        "pins again at the version it reports, until the next coordinator brings it forward.",
+    )
     update_timeout_s: float = Field(
         600.0, gt=0, description="Bound on one server's load (disk request or all buckets)."
     )

@@ -16,6 +16,13 @@ looked at again after retry_failed_s. A failed update leaves the server at its o
 "ready" with the error when the server answered that it kept its old weights, else "failed";
 either way it is tried again after retry_failed_s, and the run goes on.
 
+The draining and updating states are leased (weight_sync.lease_s, renewed while this
+coordinator works on the server): if the coordinator dies — the learner killed mid-publish — the
+lease lapses, the pin script treats the server as ready at the version it reports, and the next
+coordinator takes the server over like any server behind. No server is left draining forever.
+A version is only ever loaded from a checkpoint written whole (temp dir + rename) and verified
+against its manifest's sha256 (transports/disk.py), so a publish cut short loads nothing.
+
 Only policy servers are ours: a server registered with role "prm" (a process reward model's
 judge) keeps its own weights and version, and is never drained, updated or counted here.
 
@@ -212,9 +219,10 @@ class Coordinator:
     def _plan(self, s: ServerInfo, current: int) -> tuple[Transport[Any], int] | None:
         """The transport and version that bring `s` forward now; None when it is up to date,
         not ours to update, or waiting out a failure or a refusal."""
-        if s.state == "draining":
+        if s.state == "draining" and not s.lapsed:
             # Not ours (we are not updating it): the server is shutting down (it drains itself
-            # on SIGTERM) or an operator drains it. Leave it alone.
+            # on SIGTERM) or an operator drains it. Leave it alone. A lapsed drain was a dead
+            # coordinator's: taken over below.
             return None
         # "updating" here (not in flight) was left by a coordinator that died mid-update:
         # take it over like any server behind.
@@ -263,6 +271,10 @@ class Coordinator:
         t0 = time.monotonic()
         result = UpdateResult(s.id, target, False, transport.name, s.state, s.version)
         touched = False
+        if s.lapsed:
+            log.warning("server_lease_lapsed_taken_over", server=s.id, state=s.state, version=s.version)
+        done = asyncio.Event()
+        lease = asyncio.create_task(self._keep_lease(s.id, done))
         try:
             try:
                 payload = await self._prepare(transport, target)  # before touching the server
@@ -271,7 +283,7 @@ class Coordinator:
             client = self._client(s)
             touched = True
             if serving:
-                await self.servers.set_state(s.id, "draining", version=s.version)
+                await self.servers.set_state(s.id, "draining", version=s.version, lease_s=self.cfg.lease_s)
                 result.drain_s, result.pins_at_update = await self._drain(s.id)
             # Draining can take long: load whatever is newest now, not what was newest then.
             newest = await transport.newest()
@@ -280,7 +292,7 @@ class Coordinator:
                     payload, target = await self._prepare(transport, newest), newest
             result.version = target
             self.in_flight[s.id] = target  # from now on this version is in use
-            await self.servers.set_state(s.id, "updating", version=s.version)
+            await self.servers.set_state(s.id, "updating", version=s.version, lease_s=self.cfg.lease_s)
             async with asyncio.timeout(self.cfg.update_timeout_s):
                 result.bytes = await transport.load(s, client, target, payload)
             got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
@@ -311,6 +323,9 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await self.servers.set_state(s.id, back, version=s.version, error=result.error[:500])
         finally:
+            done.set()  # stopped by the event, not cancel(): see broker.tasks._renew_claim
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(lease)
             self.attempted[s.id] = max(self.attempted.get(s.id, -1), target)
             self.in_flight.pop(s.id, None)
             result.duration_s = round(time.monotonic() - t0, 4)
@@ -318,6 +333,17 @@ class Coordinator:
                 self.history.append(result)
                 await self._record(result)
             self._wake.set()
+
+    async def _keep_lease(self, sid: str, done: asyncio.Event) -> None:
+        """Renew the draining/updating lease until the update ends (a state without a lease,
+        e.g. ready, ignores it)."""
+        every = self.cfg.lease_s / 4
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), every)
+            if not done.is_set():
+                with contextlib.suppress(Exception):
+                    await self.servers.renew_lease(sid, self.cfg.lease_s)
 
     async def _prepare(self, transport: Transport[Any], version: int) -> Any:
         """What `transport` needs to load `version`; a refusal is logged, counted and
