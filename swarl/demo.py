@@ -7,6 +7,7 @@ inference servers, actors, learner), started here with its log under <run_dir>/l
   3. the tiny model, warm-started on demonstrations of the train tasks (cached per seed)
   4. envd, pool, N CPU inference servers (registered in Redis)
   5. resolve rate before training (train and held-out tasks)
+     (with --prm, a PRM judge server too: the tiny base model, role prm)
   6. learner (+ weight sync) and K actors; train tasks enqueued; train for the time budget
      with a live progress view. Every process is supervised as its systemd unit would be
      (Restart=on-failure with backoff and a start limit; the learner continues with --resume),
@@ -56,6 +57,7 @@ class DemoOptions:
     run_dir: str | None = None
     config: str | None = None
     sets: tuple[str, ...] = ()
+    prm: bool = False   # step rewards from a PRM judge: the tiny base model on its own server
 
 
 class Demo:
@@ -81,7 +83,8 @@ class Demo:
         return self.config().keys
 
     def config(self, **extra: Any) -> SwarlConfig:
-        base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}", *self.o.sets]
+        base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}",
+                *(["actor.prm.enable=true"] if self.o.prm else []), *self.o.sets]
         base += [f"{k}={v}" for k, v in extra.items()]
         return load_config(self.o.config or CONFIG_DIR / "demo.yaml", base, environ={})
 
@@ -171,7 +174,16 @@ class Demo:
             url = f"http://127.0.0.1:{port}"
             wait_http(f"{url}/health", srv, 120, headers={"Authorization": f"Bearer {self.tokens['inference']}"})
             self.server_urls.append(url)
-        self.say(f"envd, pool and {self.o.servers} CPU inference server(s) are up")
+        if self.o.prm:  # the judge: the untrained tiny model, role prm (never pinned nor updated)
+            port = free_port()
+            srv = self.procs.start("judge", [
+                *exe, "inference", "serve", "--model", str(model.parent / "base"), "--port", str(port),
+                "-c", cfg_path, "--role", "prm", "--redis-url", redis_url, "--run-id", self.config().run.id,
+                "--server-id", "prm-0"], restart=RESTART)
+            wait_http(f"http://127.0.0.1:{port}/health", srv, 120,
+                      headers={"Authorization": f"Bearer {self.tokens['inference']}"})
+        self.say(f"envd, pool and {self.o.servers} CPU inference server(s) are up"
+                 + (", and a PRM judge server (the tiny base model)" if self.o.prm else ""))
         return {"pool_url": pool_url, "config": cfg_path}
 
     def write_config(self, redis_url: str, model: Path, pool_url: str | None) -> str:
@@ -319,7 +331,21 @@ class Demo:
             t.add_row("samples trained", str(sum(int(x.get("samples", 0)) for x in rows)))
             t.add_row("queue depth / running", f"{st['queue']['depth']} / {st['queue']['running']}")
             t.add_row("replay stream / pending", f"{st['stream']['length']} / {st['stream']['group'].get('pending', 0)}")
-            t.add_row("servers", ", ".join(f"{s['id']}:v{s['version']}:{s['state']}" for s in st["servers"]))
+            t.add_row("servers", ", ".join(f"{s['id']}:v{s['version']}:{s['state']}" for s in st["servers"]
+                                           if s.get("role", "policy") == "policy"))
+            if self.o.prm:
+                judges = [s for s in st["servers"] if s.get("role") == "prm"]
+                t.add_row("PRM judges", ", ".join(f"{s['id']}:{s['state']}" for s in judges) or "none")
+                t.add_row("PRM steps scored / judged (per episode)",
+                          f"{last.get('agent/prm_steps_scored_mean', 0.0):.1f} / "
+                          f"{last.get('agent/prm_steps_judged_mean', 0.0):.1f}")
+                t.add_row("PRM votes invalid / failed / all",
+                          f"{last.get('agent/prm_votes_invalid_mean', 0.0):.1f} / "
+                          f"{last.get('agent/prm_votes_failed_mean', 0.0):.1f} / "
+                          f"{last.get('agent/prm_votes_mean', 0.0):.1f}")
+                t.add_row("PRM mean step score / outcome reward",
+                          f"{last.get('agent/prm_step_score_mean_mean', 0.0):+.3f} / "
+                          f"{last.get('agent/outcome_reward_mean', 0.0):+.3f}")
             t.add_row("actors", str(len(st["actors"])))
             t.add_row("samples/min", str(st["samples_per_min"]))
             t.add_row("processes", ", ".join(
@@ -396,7 +422,7 @@ class Demo:
                 "heldout_before": before["heldout"], "heldout_after": after["heldout"],
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
-                "minutes": self.o.minutes, "run_dir": str(self.run_dir),
+                "minutes": self.o.minutes, "prm": self.o.prm, "run_dir": str(self.run_dir),
                 "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
                 | ({"redis": self.redis_restarts} if self.redis_restarts else {})}
 

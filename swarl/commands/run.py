@@ -21,6 +21,8 @@ def demo(
     sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 60,
     sft_lr: Annotated[float, typer.Option("--sft-lr", help="Learning rate of the supervised warm start.")] = 3e-3,
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
+    prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "
+                                      "every step on its own server (role prm); actor.prm in the config.")] = False,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -32,7 +34,7 @@ def demo(
     setup_logging("warning")
     opts = DemoOptions(minutes=minutes, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
                        eval_samples=eval_samples, sft_epochs=sft_epochs, sft_lr=sft_lr, run_dir=run_dir, config=config,
-                       sets=tuple(sets or ()))
+                       sets=tuple(sets or ()), prm=prm)
     try:
         result = run_demo(opts)
     except KeyboardInterrupt:
