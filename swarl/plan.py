@@ -48,6 +48,12 @@ class ClusterConfig(Section):
     inference_reserve_gib: float = Field(
         2.0, ge=0, description="Used on each inference GPU before SGLang sizes its KV pool "
         "(CUDA context, NCCL, the weight-update group).")
+    prm_servers: int = Field(0, ge=0, description="SGLang servers of the PRM judge (launch-sglang "
+                             "--role prm), on nodes of their own; 0: no judge GPUs in this recipe.")
+    prm_model: str | None = Field(None, description="The judge's model: a directory with config.json "
+                                  "or a known name (qwen3-4b, qwen3-8b, qwen3-32b).")
+    prm_tp_size: int = Field(1, ge=1, description="--tp-size of each judge server.")
+    prm_mem_fraction: float = Field(0.85, gt=0, le=1, description="--mem-fraction of each judge server.")
 
 
 class PlanError(ValueError):
@@ -100,6 +106,9 @@ class ModelShape(BaseModel):
 # Published config.json values, so a recipe can be planned on a machine without the weights
 # (the plan reads <model>/config.json whenever it exists; these match those files).
 KNOWN_MODELS: dict[str, dict[str, object]] = {
+    "qwen3-4b": dict(model_type="qwen3", num_hidden_layers=36, hidden_size=2560,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-8b": dict(model_type="qwen3", num_hidden_layers=36, hidden_size=4096,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
@@ -287,10 +296,15 @@ class InferencePlan(BaseModel):
 
 
 def inference_plan(m: ModelShape, cluster: ClusterConfig, context_len: int,
-                   concurrent: int) -> InferencePlan:
-    t = cluster.inference_tp_size
+                   concurrent: int, role: str = "policy") -> InferencePlan:
+    """One pool of SGLang servers: the policy's (cluster.inference_*) or the judge's (cluster.prm_*)."""
+    prm = role == "prm"
+    t = cluster.prm_tp_size if prm else cluster.inference_tp_size
+    servers = cluster.prm_servers if prm else cluster.inference_servers
+    mem_fraction = cluster.prm_mem_fraction if prm else cluster.inference_mem_fraction
     if m.heads % t or not (m.kv_heads % t == 0 or t % m.kv_heads == 0):
-        raise PlanError(f"cluster.inference_tp_size={t}: SGLang needs it to divide {m.name}'s "
+        key = "prm_tp_size" if prm else "inference_tp_size"
+        raise PlanError(f"cluster.{key}={t}: SGLang needs it to divide {m.name}'s "
                         f"{m.heads} heads, and to divide or be a multiple of its {m.kv_heads} kv heads")
     kv = max(1, m.kv_heads // t)  # beyond the kv heads, each GPU keeps a replica of one
     q_out = m.heads // t * m.head_dim
@@ -302,16 +316,29 @@ def inference_plan(m: ModelShape, cluster: ClusterConfig, context_len: int,
     kv_per_token = 2 * m.layers * kv * m.head_dim * 2  # K and V, bf16
     memory = int(cluster.gpu_memory_gib * GIB)
     reserve = int(cluster.inference_reserve_gib * GIB)
-    room = int(cluster.inference_mem_fraction * memory) - weights - reserve
+    room = int(mem_fraction * memory) - weights - reserve
     tokens = max(0, room) // kv_per_token
     per_server = tokens // context_len
     return InferencePlan(
-        servers=cluster.inference_servers, tp=t, mem_fraction=cluster.inference_mem_fraction,
+        servers=servers, tp=t, mem_fraction=mem_fraction,
         params=params, weights=weights, kv_heads_per_gpu=kv, kv_bytes_per_token=kv_per_token,
         kv_room=room, kv_tokens=tokens, context_len=context_len, episodes_per_server=per_server,
-        episodes=per_server * cluster.inference_servers, concurrent_episodes=concurrent,
-        left_for_activations=memory - int(cluster.inference_mem_fraction * memory),
+        episodes=per_server * servers, concurrent_episodes=concurrent,
+        left_for_activations=memory - int(mem_fraction * memory),
         reserve=reserve, gpu_memory=memory, fits=per_server >= 1)
+
+
+# A judge request: the issue, the earlier steps, the step's answer and output, the template, then
+# the votes' answer. Characters count as 3 per token (code and logs tokenize denser than prose).
+JUDGE_TEMPLATE_TOKENS = 512
+CHARS_PER_TOKEN = 3
+
+
+def judge_context_len(actor: ActorConfig) -> int:
+    """Tokens of one judge request at its largest (prompt within the prm budgets + max_tokens)."""
+    p = actor.prm
+    return (p.problem_chars // CHARS_PER_TOKEN + p.history_tokens + actor.sampling.max_new_tokens
+            + p.output_chars // CHARS_PER_TOKEN + JUDGE_TEMPLATE_TOKENS + p.max_tokens)
 
 
 # -- the whole recipe ------------------------------------------------------------------------
@@ -322,6 +349,8 @@ class Plan(BaseModel):
     learner: LearnerPlan
     inference: InferencePlan
     inference_model: ModelShape | None = Field(None, description="when it differs from the learner's")
+    prm: InferencePlan | None = Field(None, description="the PRM judge's servers (cluster.prm_servers)")
+    prm_model: ModelShape | None = None
     gpus: int
     nodes: int
     problems: list[str]
@@ -354,11 +383,26 @@ def make_plan(learner: LearnerConfig, actor: ActorConfig, cluster: ClusterConfig
             f"inference: the KV pool of {gib(max(0, ip.kv_room))} GiB per GPU holds "
             f"{ip.kv_tokens} tokens, fewer than one episode of {ip.context_len}: "
             f"{gib(short)} GiB short per GPU")
+    pp = pm = None
+    if cluster.prm_servers:
+        if not cluster.prm_model:
+            raise PlanError("cluster.prm_model is not set: the plan needs the judge's shape "
+                            "(cluster.prm_servers > 0)")
+        pm = model_shape(cluster.prm_model)
+        # every running episode may have one step out with the judge: m votes each
+        pp = inference_plan(pm, cluster, judge_context_len(actor), concurrent_episodes * actor.prm.m, "prm")
+        if not pp.fits:
+            problems.append(
+                f"PRM judge: the KV pool of {gib(max(0, pp.kv_room))} GiB per GPU holds "
+                f"{pp.kv_tokens} tokens, fewer than one judge request of {pp.context_len}")
     infer_gpus = cluster.inference_servers * cluster.inference_tp_size
+    prm_gpus = cluster.prm_servers * cluster.prm_tp_size
     return Plan(model=m, model_params=m.params(), learner=lp, inference=ip,
-                inference_model=None if im is m else im,
-                gpus=lp.world + infer_gpus,
-                nodes=cluster.learner_nodes + math.ceil(infer_gpus / cluster.gpus_per_node),
+                inference_model=None if im is m else im, prm=pp, prm_model=pm,
+                gpus=lp.world + infer_gpus + prm_gpus,
+                # the judge's GPUs are nodes of their own (the seed's strict non-colocation)
+                nodes=cluster.learner_nodes + math.ceil(infer_gpus / cluster.gpus_per_node)
+                + math.ceil(prm_gpus / cluster.gpus_per_node),
                 problems=problems)
 
 
@@ -378,7 +422,8 @@ def render(plan: Plan, cluster: ClusterConfig, lc: LearnerConfig) -> str:
         f"GPUs       {plan.gpus} on {plan.nodes} nodes of {cluster.gpus_per_node}, "
         f"{cluster.gpu_memory_gib:g} GiB each: learner {lp.world} (TP {lp.tp} x PP {lp.pp} x DP "
         f"{lp.dp}), inference {infer_gpus} ({ip.servers} SGLang server{'s' * (ip.servers > 1)} "
-        f"x TP {ip.tp})",
+        f"x TP {ip.tp})" + (f", PRM judge {plan.prm.servers * plan.prm.tp} ({plan.prm.servers} x TP "
+                            f"{plan.prm.tp})" if plan.prm else ""),
         "",
         f"learner, per GPU{f' ({lp.stage} pipeline stage)' if lp.pp > 1 else ''}: micro-batch "
         f"of {lp.microbatch_tokens} tokens, recompute {lc.recompute}, "
@@ -426,6 +471,18 @@ def render(plan: Plan, cluster: ClusterConfig, lc: LearnerConfig) -> str:
         f"{gib(ip.left_for_activations):>7} GiB",
         "",
     ]
+    if plan.prm is not None and plan.prm_model is not None:
+        pp, pm = plan.prm, plan.prm_model
+        rows += [
+            f"PRM judge, per GPU of each SGLang server ({pm.name}): --tp-size {pp.tp}, "
+            f"--mem-fraction {pp.mem_fraction:g}, a request of at most {pp.context_len} tokens",
+            f"  {'weights':<12} {f'bf16, {pp.params / 1e9:.2f} B params on this GPU':<58} {gib(pp.weights):>7} GiB",
+            f"  {'KV room':<12} {f'{pp.mem_fraction:g} x GPU - weights - {gib(pp.reserve)} GiB reserve':<58} "
+            f"{gib(pp.kv_room):>7} GiB",
+            f"  {'KV tokens':<12} {pp.kv_tokens:,} per server = {pp.episodes_per_server} requests; "
+            f"{pp.servers} servers: {pp.episodes} (up to {pp.concurrent_episodes} votes in flight)",
+            "",
+        ]
     if ip.fits and ip.episodes < ip.concurrent_episodes:
         rows.append(f"note: {ip.concurrent_episodes} concurrent episodes at full context need "
                     f"more KV than {ip.episodes}; SGLang queues the rest (most episodes are shorter)")

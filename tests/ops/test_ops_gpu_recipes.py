@@ -10,15 +10,16 @@ import pytest
 from swarl.config import load_config
 
 GPU = Path(__file__).resolve().parents[2] / "configs" / "gpu"
-RECIPES = {"qwen3-8b.yaml": "Qwen3-8B", "qwen3-32b.yaml": "Qwen3-32B"}
-GPUS = {"qwen3-8b.yaml": 16, "qwen3-32b.yaml": 64}
+RECIPES = {"qwen3-8b.yaml": "Qwen3-8B", "qwen3-32b.yaml": "Qwen3-32B", "qwen3-8b-prm.yaml": "Qwen3-8B"}
+GPUS = {"qwen3-8b.yaml": 16, "qwen3-32b.yaml": 64, "qwen3-8b-prm.yaml": 40}
+OUTCOME_ONLY = ["qwen3-32b.yaml", "qwen3-8b.yaml"]  # the published outcome-reward runs
 
 
-def test_both_recipes_exist():
+def test_the_recipes_exist():
     assert sorted(p.name for p in GPU.glob("*.yaml")) == sorted(RECIPES)
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("name", OUTCOME_ONLY)
 def test_recipe_loads_with_seed_settings(name):
     cfg = load_config(GPU / name, environ={})
     assert cfg.actor.max_context_len == 16384
@@ -37,12 +38,29 @@ def test_recipe_loads_with_seed_settings(name):
     assert cfg.actor.max_context_len - cfg.actor.sampling.max_new_tokens == 12288
 
 
+def test_prm_recipe_has_the_seeds_prm_settings():
+    """run_swe_rl_8b_prm_5nodes_remote.sh: 5 nodes, one of them the judge's; its PRM_ARGS."""
+    cfg = load_config(GPU / "qwen3-8b-prm.yaml", environ={})
+    p = cfg.actor.prm
+    assert p.enable and p.m == 3 and p.step_coef == 1.0 and p.temperature == 1.0 and p.max_tokens == 4096
+    assert p.reward_mode == "step" and cfg.actor.dynamic_history  # --advantage-estimator step_wise
+    assert cfg.actor.max_context_len == 32768 and cfg.actor.sampling.max_new_tokens == 4096
+    assert cfg.learner.n_samples_per_prompt == 4 and cfg.learner.lr == pytest.approx(1e-6)
+    assert cfg.learner.tensor_parallel == 4
+    cl = cfg.cluster
+    assert cl.prm_servers * cl.prm_tp_size == cl.gpus_per_node  # a node of its own
+    assert "Qwen3-4B" in (cl.prm_model or "")
+    text = (GPU / "qwen3-8b-prm.yaml").read_text()
+    assert f"--role prm --tp-size {cl.prm_tp_size} \\\n#     --mem-fraction {cl.prm_mem_fraction:g}" in text
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_gpus_and_launch_comments_agree(name):
     cfg = load_config(GPU / name, environ={})
     cl, lc = cfg.cluster, cfg.learner
     learner_gpus = cl.learner_nodes * cl.gpus_per_node
-    assert learner_gpus + cl.inference_servers * cl.inference_tp_size == GPUS[name]
+    prm_gpus = cl.prm_servers * cl.prm_tp_size
+    assert learner_gpus + cl.inference_servers * cl.inference_tp_size + prm_gpus == GPUS[name]
     assert learner_gpus % (lc.tensor_parallel * lc.pipeline_parallel) == 0
     assert learner_gpus // (lc.tensor_parallel * lc.pipeline_parallel) > 1  # data parallel
     assert lc.use_distributed_optimizer and lc.recompute == "full"

@@ -32,7 +32,7 @@ def plan(*args: str):
     return CliRunner().invoke(app, ["config", "plan", *args])
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b.yaml", "qwen3-32b.yaml"])
+@pytest.mark.parametrize("name", ["qwen3-8b.yaml", "qwen3-32b.yaml", "qwen3-8b-prm.yaml"])
 def test_shipped_recipes_fit(name):
     res = plan("--config", str(GPU / name))
     assert res.exit_code == 0, res.output
@@ -43,6 +43,19 @@ def test_shipped_recipes_fit(name):
     assert data["fits"] and data["problems"] == []
     assert data["learner"]["margin"] > 0
     assert data["inference"]["episodes"] >= data["inference"]["concurrent_episodes"]
+
+
+def test_prm_judges_are_planned_on_nodes_of_their_own():
+    data = json.loads(plan("--config", str(GPU / "qwen3-8b-prm.yaml"), "--json").stdout)
+    assert (data["gpus"], data["nodes"]) == (40, 5)  # the seed's 5-node PRM layout
+    assert data["prm_model"]["name"] == "Qwen3-4B" and data["prm"]["servers"] == 8
+    assert data["prm"]["concurrent_episodes"] == 128 * 3  # m votes per running episode
+    # a 32B judge on one GPU each leaves no KV room for a judge request, and says so
+    res = plan("--config", str(GPU / "qwen3-8b-prm.yaml"), "--set", "cluster.prm_model=/models/Qwen3-32B",
+               "--set", "cluster.prm_mem_fraction=0.8")
+    assert res.exit_code == 1 and "PRM judge" in res.output
+    res = plan("--config", str(GPU / "qwen3-8b-prm.yaml"), "--set", "cluster.prm_model=null")
+    assert res.exit_code == 2 and "cluster.prm_model" in res.output
 
 
 def test_old_32b_layout_does_not_fit():
@@ -195,7 +208,7 @@ def test_make_plan_refuses_other_backends():
         make_plan(LearnerConfig(), ActorConfig(), ClusterConfig(), 1)
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b.yaml", "qwen3-32b.yaml"])
+@pytest.mark.parametrize("name", ["qwen3-8b.yaml", "qwen3-32b.yaml", "qwen3-8b-prm.yaml"])
 def test_docs_show_the_plans_current_output(name):
     """docs/gpu.md pastes each recipe's plan; it must be what the command prints today."""
     doc = (GPU.parents[1] / "docs" / "gpu.md").read_text()
