@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test chaos lint bench clean
+.PHONY: setup demo test chaos images lint bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,11 @@ test: setup
 # fault injection on live runs (tests/chaos, marker `chaos`; `make test` runs only their fast checks)
 chaos: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m chaos tests/chaos $(ARGS)
+
+# task images through a real registry at full size (marker `registry`; `make test` runs the
+# same paths with tiny images: tests/envd/test_image_registry.py)
+images: setup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m registry tests/envd $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .

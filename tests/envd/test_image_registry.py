@@ -173,3 +173,70 @@ async def test_the_budget_evicts_the_lru_unused_image_never_one_in_use(image_nod
     finally:
         await node_a.aclose()
         await client.aclose()
+
+
+def test_prefetch_spreads_the_runs_images_over_the_nodes(image_nodes, tiny_images, tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+
+    from fixtures_envd import SWARL
+
+    first, second, third = tiny_images(3)
+    a, b = image_nodes()
+    rows = [{"instance_id": f"t-{i}", "repo": "o/n", "problem_statement": "x", "FAIL_TO_PASS": ["t"],
+             "PASS_TO_PASS": [], "eval_script": "true", "image_name": img}
+            for i, img in enumerate([first, second, first])]  # first twice: pulled once per node
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
+    env = {**os.environ, "SWARL_ENVD_TOKEN": a.token, "SWARL_REDIS_URL": ""}
+
+    def prefetch(*args: str) -> tuple[int, str, dict]:
+        p = subprocess.run([SWARL, "images", "prefetch", "--data", str(data), "--nodes", f"{a.url},{b.url}",
+                            *args], capture_output=True, text=True, env=env, timeout=300)
+        return p.returncode, p.stdout + p.stderr, json.loads(p.stdout.strip().splitlines()[-1])
+
+    code, out, summary = prefetch("--copies", "2")
+    assert code == 0, out
+    assert "skipped rows.jsonl line 4" in out  # the bad line is named, the rest goes on
+    assert summary["pulled"] == 4 and summary["failed"] == 0 and summary["bytes"] > 4e6
+    assert {first, second} <= node_images(a) and {first, second} <= node_images(b)
+    code, out, summary = prefetch("--copies", "2")
+    assert code == 0 and summary["pulled"] == 0 and summary["present"] == 4, out
+    # one copy of a new image goes to one node only
+    data.write_text(json.dumps({**rows[0], "image_name": third}) + "\n")
+    code, out, summary = prefetch()
+    assert code == 0 and summary["pulled"] == 1, out
+    assert (third in node_images(a)) != (third in node_images(b))
+
+
+@pytest.mark.slow
+@pytest.mark.registry
+def test_push_puts_bundled_task_images_where_envd_pulls_them(registry, image_nodes, task_images) -> None:
+    import os
+    import subprocess
+
+    from fixtures_envd import SWARL
+
+    iid, image = sorted(task_images.items())[0]
+    p = subprocess.run([SWARL, "images", "push", "--registry", registry.host, "--only", iid],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "SWARL_REDIS_URL": ""})
+    assert p.returncode == 0, p.stdout + p.stderr
+    repo, tag = image.rsplit(":", 1)
+    tags = httpx.get(f"http://{registry.host}/v2/{repo}/tags/list", timeout=10).json()
+    assert tag in tags["tags"]
+    (a,) = image_nodes(only=["node-a"])
+    with contextlib.closing(__import__("docker").DockerClient(base_url=os.environ["DOCKER_HOST"])) as c:
+        assert image in {t for img in c.images.list() for t in img.tags}  # the pushed tag is gone, not the image
+    assert image not in node_images(a)
+
+    async def pull() -> dict:
+        node = EnvdClient.node(a.url, a.token)
+        try:
+            return await node.pull(image)
+        finally:
+            await node.aclose()
+
+    got = asyncio.run(pull())
+    assert got["pulled"] and image in node_images(a)
