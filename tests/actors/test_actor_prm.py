@@ -149,21 +149,29 @@ async def test_judge_down_leaves_steps_unscored(chatml_tokenizer, tmp_path, judg
     assert ep.reward == 1.0 and ep.agent.steps[0].prm_reason == "judge_failed"
 
 
-async def test_a_hanging_judge_never_stalls_the_episode(chatml_tokenizer, tmp_path, cpu_server_factory,
-                                                        tiny_model_dir):
-    slow = cpu_server_factory.start_scripted(tiny_model_dir, ROWS, mode="judge",
-                                             extra_args=["--judge-delay-s", "60"])
-    ep, wall = await _episode(chatml_tokenizer, tmp_path, "fix-mixed", [slow.url], slow.api_key, timeout_s=2)
-    assert ep.reward == 1.0 and ep.agent.steps[0].prm_status == "unscored"
-    assert ep.agent.steps[0].prm_reason in ("judge_failed", "timeout")
-    assert wall < 30  # bounded by prm.timeout_s, not the judge's minute
+@pytest.fixture(scope="module")
+def slow_judge(tmp_path_factory, tiny_model_dir):
+    """The same votes, each taking 2 s."""
+    from inference.local_server import start_scripted_server
+
+    h = start_scripted_server(tiny_model_dir, ROWS, mode="judge", log_dir=tmp_path_factory.mktemp("slow"),
+                              extra_args=["--judge-delay-s", "2"])
+    yield h
+    h.stop()
 
 
-async def test_judge_calls_overlap_the_agent_steps(chatml_tokenizer, tmp_path, cpu_server_factory,
-                                                   tiny_model_dir):
-    slow = cpu_server_factory.start_scripted(tiny_model_dir, ROWS, mode="judge",
-                                             extra_args=["--judge-delay-s", "2"])
-    ep, wall = await _episode(chatml_tokenizer, tmp_path, "loop-steps", [slow.url], slow.api_key,
+async def test_a_hanging_judge_never_stalls_the_episode(chatml_tokenizer, tmp_path, slow_judge):
+    # votes bounded at 0.3 s against a judge taking 2 s: every vote times out
+    ep, wall = await _episode(chatml_tokenizer, tmp_path, "loop-steps", [slow_judge.url], slow_judge.api_key,
+                              timeout_s=0.3)
+    assert ep.reward == -1.0 and all(s.prm_status == "unscored" for s in ep.agent.steps)
+    assert {s.prm_reason for s in ep.agent.steps} <= {"judge_failed", "timeout"}
+    assert ep.metrics["prm_votes_failed"] == 9
+    assert wall < 20  # bounded by prm.timeout_s, never by the judge
+
+
+async def test_judge_calls_overlap_the_agent_steps(chatml_tokenizer, tmp_path, slow_judge):
+    ep, wall = await _episode(chatml_tokenizer, tmp_path, "loop-steps", [slow_judge.url], slow_judge.api_key,
                               env_delay_s=2.0)
     judge_time = sum(sc.latency_s for sc in ep.prm)
     agent_time = ep.metrics["env_execution_time_sum"] + ep.metrics["model_query_time_sum"]
