@@ -141,7 +141,9 @@ class Rollouts:
                 log.warning("reward_hack_attempt", job_id=job.job_id, traj_dir=str(ep.traj_dir),
                             error=ep.evaluation.error if ep.evaluation else "")
             log.info("episode_done", job_id=job.job_id, ending=ep.agent.ending, reward=ep.reward,
-                     steps=len(ep.agent.steps), version=version, server=server.id)
+                     steps=len(ep.agent.steps), version=version, server=server.id,
+                     **({"outcome": ep.outcome, "prm_scored": sum(s.score is not None for s in ep.prm),
+                         "prm_judged": len(ep.prm)} if self.judge is not None else {}))
             return {"reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,
                     "samples": len(ep.samples), "version": version}
         except InfraError as e:

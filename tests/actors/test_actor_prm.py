@@ -222,3 +222,30 @@ async def test_actor_episodes_on_bundled_tasks_with_a_registered_judge(task_imag
         await r.aclose()
         policy.stop()
         judge.stop()
+
+
+def test_judge_prompt_keeps_head_and_tail_of_the_history():
+    """The earlier steps shown to the judge follow the context's head+tail rule within
+    prm.history_tokens; the rendered template names what was left out."""
+
+    class NoJudge:
+        async def chat(self, messages, cfg):  # never called: prompt() only renders
+            raise AssertionError
+
+    cfg = PrmConfig(enable=True, history_tokens=100)
+    judge = StepJudge(cfg, NoJudge(), JudgeTemplates(), "The issue text.", lambda t: 20, head_ratio=0.3)
+    from actors.prm import StepView
+
+    for k in range(8):  # what submit() records, without starting a task
+        judge.history.append({"n": k + 1, "action": f"cmd-{k + 1}", "returncode": 0, "output": f"out-{k + 1}"})
+        judge._lengths.append(20)
+    system, user = judge.prompt(StepView(8, "THOUGHT: last\n```bash\nls\n```", "ls", 0, "x" * 10_000))
+    assert system["role"] == "system" and "strict evaluator" in system["content"]
+    text = user["content"]
+    # 100 tokens of 20-token steps: 1 at the head (30%), 4 at the tail; steps 2-4 omitted
+    shown = [k for k in range(1, 9) if f"$ cmd-{k}\n" in text]
+    assert shown == [1, 5, 6, 7, 8]
+    assert "(3 steps omitted)" in text and "Recent History (5 steps)" in text
+    assert "Current Step to Evaluate (step 9)" in text and "returncode=0" in text
+    assert "characters omitted" in text and len(text) < 8000  # the output was elided
+    assert text.index("The issue text.") < text.index("$ cmd-1") < text.index("$ cmd-8")
