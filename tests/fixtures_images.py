@@ -202,16 +202,18 @@ def image_nodes(docker_nodes: list[DockerNode], registry: Registry, envd_token: 
 
     def start(sets: list[str] | None = None, registry_host: str | None = None,
               only: list[str] | None = None) -> list:
-        out = []
-        for node in docker_nodes:
-            if only is not None and node.name not in only:
-                continue
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(node: DockerNode):
             env = {"DOCKER_HOST": node.url, "SWARL_REDIS_URL": redis_url, "SWARL_RUN_ID": "test"}
-            svc = start_envd(envd_token, tmp_path / "envd-logs", node.name,
-                             sets=[f"envd.registry={registry_host or registry.host}", *(sets or [])],
-                             env=env)
-            started.append(svc)
-            out.append(svc)
+            return start_envd(envd_token, tmp_path / "envd-logs", node.name,
+                              sets=[f"envd.registry={registry_host or registry.host}", *(sets or [])],
+                              env=env)
+
+        chosen = [n for n in docker_nodes if only is None or n.name in only]
+        with ThreadPoolExecutor(len(chosen)) as ex:  # both start at once (each waits for /healthz)
+            out = list(ex.map(one, chosen))
+        started.extend(out)
         return out
 
     yield start

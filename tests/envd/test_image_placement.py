@@ -127,3 +127,31 @@ async def test_image_index_record_and_sync(aredis) -> None:
     await index.left("b:1")
     assert await index.last_used() == {}
     assert await aredis.hgetall(KEYS.image_nodes("b:1")) == {}
+
+
+@pytest.mark.parametrize(("image", "registry", "ref"), [
+    ("swarl/task.calc-1:latest", "10.0.0.5:5000", "10.0.0.5:5000/swarl/task.calc-1:latest"),
+    ("docker.io/swebench/sweb.eval.x86_64.a_1776_b-1:latest", "reg:5000/ns",
+     "reg:5000/ns/swebench/sweb.eval.x86_64.a_1776_b-1:latest"),
+    ("ghcr.io/org/img:1", "reg:5000", "ghcr.io/org/img:1"),  # names its own registry
+    ("localhost:5000/img:1", None, "localhost:5000/img:1"),
+    ("docker.io/swebench/x:latest", None, "docker.io/swebench/x:latest"),  # Hub (or dockerd's mirror)
+    ("swarl/task.calc-1:latest", None, None),  # bare name, no registry: nothing to pull from
+])
+def test_pull_reference(image: str, registry: str | None, ref: str | None) -> None:
+    from envd.image_cache import pull_reference
+
+    assert pull_reference(image, registry) == ref
+
+
+def test_prefetch_plan_counts_holders_first_then_fills_the_emptiest_nodes() -> None:
+    from swarl.prefetch import plan
+
+    holders = {"a": {"i1"}, "b": set(), "c": {"i2", "x"}}
+    assert plan(["i1", "i2", "i3"], holders, 1) == [("i3", "b")]
+    got = plan(["i1", "i2", "i3", "i4"], holders, 2)
+    per_image = {i: sum(1 for im, _ in got if im == i) for i in ("i1", "i2", "i3", "i4")}
+    assert per_image == {"i1": 1, "i2": 1, "i3": 2, "i4": 2}
+    load = {n: len(holders[n] & {"i1", "i2"}) + sum(1 for _, m in got if m == n) for n in holders}
+    assert max(load.values()) - min(load.values()) <= 1  # spread evenly
+    assert len(plan(["i1"], holders, 9)) == 2  # at most every node
