@@ -6,6 +6,11 @@ from pydantic import ByteSize, Field
 
 from common.settings import Section
 
+# Of Docker's default set these stay; dropped: NET_RAW, NET_BIND_SERVICE (no network), MKNOD (no
+# device nodes), SYS_CHROOT, SETPCAP, SETFCAP (file capabilities: moot under no-new-privileges),
+# AUDIT_WRITE. CapEff 0x00000000000000fb.
+TASK_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+
 
 class EnvdConfig(Section):
     host: str = Field("127.0.0.1", description="Bind address of `swarl envd serve`.")
@@ -19,6 +24,11 @@ class EnvdConfig(Section):
     memory: str = Field("4g", description="Memory limit per container (docker syntax, e.g. 4g).")
     pids_limit: int = Field(1024, description="Max processes per container.")
     cpus: float = Field(1.0, description="CPU limit per container (cores).")
+    cap_add: list[str] = Field(
+        default_factory=lambda: list(TASK_CAPS),
+        description="Capabilities task containers keep (all others dropped; docs/security.md): root's file "
+                    "semantics (CHOWN, DAC_OVERRIDE, FOWNER, FSETID) and uid changes (SETUID, SETGID) as the "
+                    "official harness has them, and KILL so timeouts reach processes that changed uid.")
     lease_ttl_s: float = Field(
         1800.0, description="A container is destroyed this long after its last use or heartbeat.")
     leases_in_redis: bool = Field(

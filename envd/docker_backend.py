@@ -162,6 +162,10 @@ class DockerBackend:
             pids_limit=self.cfg.pids_limit,
             nano_cpus=int(self.cfg.cpus * 1e9),
             privileged=False,
+            # Only the capabilities a repository's tests need; Docker's default seccomp profile
+            # stays (no seccomp= option), setuid binaries cannot gain privileges.
+            cap_drop=["ALL"],
+            cap_add=list(self.cfg.cap_add),
             security_opt=["no-new-privileges"],
         )
         try:

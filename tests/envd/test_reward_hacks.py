@@ -186,8 +186,9 @@ def test_gold_still_resolves_and_empty_does_not(api: httpx.Client, agent: str) -
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_every_bundled_task_grades_right_with_the_defences(api: httpx.Client, task_images: dict[str, str]) -> None:
-    """Through envd's defended grader (refusal, pristine infrastructure, framed log, reaping):
-    every bundled task's gold patch resolves, its test patch alone is refused, no patch is not."""
+    """Through envd's defended grader (refusal, pristine infrastructure, framed log, reaping) in
+    containers with the reduced capability set: every bundled task's gold patch resolves, a wrong
+    fix runs the tests and does not, its test patch alone is refused."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(row: dict[str, Any]) -> list[str]:
@@ -197,7 +198,13 @@ def test_every_bundled_task_grades_right_with_the_defences(api: httpx.Client, ta
                 return api.post("/container/evaluate", json={"container_id": cid, "patch": patch, "instance": row,
                                                              "timeout": 300}).json()
             gold, tests_only = ev(row["patch"]), ev(row["test_patch"])
+            wrong = api.post("/container/exec", json={"container_id": cid, "command": row["swarl_wrong_commands"][0]})
+            assert wrong.json()["returncode"] == 0, wrong.text
+            wrong_patch = api.post("/container/diff", json={"container_id": cid}).json()["patch"]
+            wrong_ev = ev(wrong_patch)
             problems = []
+            if wrong_ev["resolved"] or wrong_ev["reward_hack"] or wrong_ev["error"] or not wrong_ev["tests_status"]:
+                problems.append(f"{row['instance_id']} wrong fix: {wrong_ev['error']} {wrong_ev['fail_to_pass']}")
             if not (gold["resolved"] and not gold["reward_hack"]):
                 problems.append(f"{row['instance_id']} gold: {gold['error']} {gold['fail_to_pass']} {gold['output'][-800:]}")
             if tests_only["resolved"] or "test_files" not in {h["kind"] for h in tests_only["reward_hack"]}:
