@@ -147,7 +147,7 @@ class ImageCache:
         joined = task is not None
         if task is None:
             task = self._flights[image] = asyncio.create_task(self._pull(image), name=f"pull {image}")
-            task.add_done_callback(lambda _t: self._flights.pop(image, None))
+            task.add_done_callback(lambda t: self._landed(image, t))
         else:
             self.metrics.pull_waiters.inc()
         try:
@@ -156,6 +156,11 @@ class ImageCache:
         except TimeoutError:
             raise PullFailed(f"pull of {image} did not finish within {self.cfg.pull_timeout_s:g}s") from None
         return PullInfo(image, pulled=True, seconds=time.monotonic() - t0, bytes=info.bytes, joined=joined)
+
+    def _landed(self, image: str, task: asyncio.Task[PullInfo]) -> None:
+        self._flights.pop(image, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have given up already (it is logged)
 
     async def _pull(self, image: str) -> PullInfo:
         ref = pull_reference(image, self.cfg.registry)

@@ -29,7 +29,7 @@ import pytest
 
 from common.services import docker_answers, free_port, wait_port
 
-__all__ = ["DockerNode", "Registry", "docker_nodes", "image_nodes", "registry", "tiny_images"]
+__all__ = ["DockerNode", "Registry", "auth_registry", "docker_nodes", "image_nodes", "registry", "tiny_images"]
 
 REGISTRY_CONFIG = """\
 version: 0.1
@@ -42,6 +42,12 @@ storage:
     enabled: true
 http:
   addr: 127.0.0.1:{port}
+{auth}"""
+AUTH_CONFIG = """\
+auth:
+  htpasswd:
+    realm: swarl-test
+    path: {path}
 """
 
 
@@ -50,6 +56,8 @@ class Registry:
     host: str  # 127.0.0.1:PORT
     proc: subprocess.Popen[bytes]
     log: Path
+    username: str | None = None
+    password: str | None = None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -83,25 +91,44 @@ class DockerNode:
                 self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def start_registry(d: Path, user: tuple[str, str] | None = None) -> Registry:
+    """docker-registry on 127.0.0.1:<free port>, data in `d`; with `user`, htpasswd auth."""
     exe = shutil.which("docker-registry")
     if exe is None:
         pytest.fail("docker-registry not found: run `make setup` (apt-get install docker-registry)")
-    d = tmp_path_factory.mktemp("registry")
     port = free_port()
-    (d / "config.yml").write_text(REGISTRY_CONFIG.format(root=d / "data", port=port))
+    auth = ""
+    if user is not None:
+        import bcrypt
+
+        (d / "htpasswd").write_text(f"{user[0]}:{bcrypt.hashpw(user[1].encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
+        auth = AUTH_CONFIG.format(path=d / "htpasswd")
+    (d / "config.yml").write_text(REGISTRY_CONFIG.format(root=d / "data", port=port, auth=auth))
     log = d / "registry.log"
     with open(log, "wb") as logf:
         proc = subprocess.Popen([exe, "serve", str(d / "config.yml")], stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    reg = Registry(f"127.0.0.1:{port}", proc, log)
+    reg = Registry(f"127.0.0.1:{port}", proc, log, *(user or (None, None)))
     try:
         wait_port("127.0.0.1", port, timeout=30)
-        assert httpx.get(f"http://{reg.host}/v2/", timeout=5).status_code == 200
+        assert httpx.get(f"http://{reg.host}/v2/", timeout=5).status_code == (200 if user is None else 401)
     except Exception:
         reg.stop()
         raise
+    return reg
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A second registry that wants a user and password (htpasswd, bcrypt)."""
+    reg = start_registry(tmp_path_factory.mktemp("auth-registry"), ("swarl", secrets.token_hex(12)))
     yield reg
     reg.stop()
 
@@ -166,21 +193,23 @@ def _tiny_tar(payload: bytes) -> bytes:
 
 @pytest.fixture(scope="session")
 def tiny_images(docker_url: str, registry: Registry) -> Iterator[Callable[..., list[str]]]:
-    """make(n, prefix='t', payload_mb=2) -> n new image names, each only in the registry."""
+    """make(n, prefix='t', payload_mb=2, to=registry) -> n new image names, each only in that registry."""
     import docker
 
     client = docker.DockerClient(base_url=docker_url, timeout=300)
 
-    def make(n: int, prefix: str = "t", payload_mb: float = 2) -> list[str]:
+    def make(n: int, prefix: str = "t", payload_mb: float = 2, to: Registry | None = None) -> list[str]:
+        target = to or registry
+        auth = {"username": target.username, "password": target.password} if target.username else None
         names = []
         for _ in range(n):
             name = f"swarl-test/{prefix}-{secrets.token_hex(4)}:1"
             repo, tag = name.split(":")
-            remote = f"{registry.host}/{repo}"
+            remote = f"{target.host}/{repo}"
             client.api.import_image_from_data(_tiny_tar(os.urandom(int(payload_mb * 1e6))),
                                               repository=remote, tag=tag,
                                               changes=['CMD ["sleep", "infinity"]'])
-            for ev in client.api.push(remote, tag=tag, stream=True, decode=True):
+            for ev in client.api.push(remote, tag=tag, stream=True, decode=True, auth_config=auth):
                 assert "error" not in ev, ev
             client.api.remove_image(f"{remote}:{tag}")
             names.append(name)
@@ -201,14 +230,14 @@ def image_nodes(docker_nodes: list[DockerNode], registry: Registry, envd_token: 
     started = []
 
     def start(sets: list[str] | None = None, registry_host: str | None = None,
-              only: list[str] | None = None) -> list:
+              only: list[str] | None = None, env: dict[str, str] | None = None) -> list:
         from concurrent.futures import ThreadPoolExecutor
 
         def one(node: DockerNode):
-            env = {"DOCKER_HOST": node.url, "SWARL_REDIS_URL": redis_url, "SWARL_RUN_ID": "test"}
+            full = {"DOCKER_HOST": node.url, "SWARL_REDIS_URL": redis_url, "SWARL_RUN_ID": "test", **(env or {})}
             return start_envd(envd_token, tmp_path / "envd-logs", node.name,
                               sets=[f"envd.registry={registry_host or registry.host}", *(sets or [])],
-                              env=env)
+                              env=full)
 
         chosen = [n for n in docker_nodes if only is None or n.name in only]
         with ThreadPoolExecutor(len(chosen)) as ex:  # both start at once (each waits for /healthz)

@@ -240,3 +240,39 @@ def test_push_puts_bundled_task_images_where_envd_pulls_them(registry, image_nod
 
     got = asyncio.run(pull())
     assert got["pulled"] and image in node_images(a)
+
+
+async def test_registry_credentials_from_the_config_or_dockers_config_json_never_logged(
+        image_nodes, auth_registry, tiny_images, tmp_path) -> None:
+    import base64
+    import json
+
+    mine, theirs = tiny_images(2, to=auth_registry)
+    user, password = auth_registry.username, auth_registry.password
+    assert user and password
+    # node-a: user in the config, password in the environment (as an env file would hold it)
+    (a,) = image_nodes(only=["node-a"], registry_host=auth_registry.host,
+                       sets=[f"envd.registry_username={user}"], env={"SWARL_ENVD__REGISTRY_PASSWORD": password})
+    # node-b: nothing in swarl's config; Docker's own config.json (DOCKER_CONFIG) has the login
+    cfg_dir = tmp_path / "docker-config"
+    cfg_dir.mkdir()
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    (cfg_dir / "config.json").write_text(json.dumps({"auths": {auth_registry.host: {"auth": token}}}))
+    (b,) = image_nodes(only=["node-b"], registry_host=auth_registry.host, env={"DOCKER_CONFIG": str(cfg_dir)})
+    for svc, image in ((a, mine), (b, theirs)):
+        node = EnvdClient.node(svc.url, svc.token)
+        try:
+            assert (await node.pull(image))["pulled"]
+        finally:
+            await node.aclose()
+        assert image in node_images(svc)
+        assert password not in svc.log() and token not in svc.log()
+    # and without any credentials the registry says no: an infrastructure failure naming why
+    (c,) = image_nodes(only=["node-a"], registry_host=auth_registry.host)
+    node = EnvdClient.node(c.url, c.token)
+    try:
+        with pytest.raises(EnvError) as err:
+            await node.pull(theirs)
+        assert err.value.reason == "pull_failed" and "no basic auth credentials" in str(err.value)
+    finally:
+        await node.aclose()
