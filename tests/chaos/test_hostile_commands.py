@@ -9,6 +9,7 @@ the defaults' (docs/reliability.md has the measured figures)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -101,6 +102,10 @@ async def _run_hostile(name: str, node, image: str, docker_url: str) -> None:
             await probe
             assert r.status_code == 200, r.text
             out = r.json()
+            print(json.dumps({"hostile": name, "exec_s": round(took, 1), "returncode": out["returncode"],
+                              "timed_out": out["timed_out"], "truncated": out["truncated"],
+                              "output_bytes": len(out["output"]), "pids": stats["pids_stats"].get("current"),
+                              "healthz_p95_ms": round(_p95(lat)), "healthz_max_ms": round(max(lat))}))
             # bounded: the exec's own timeout plus envd's sweep
             assert took < h.timeout + 2 + 15, (took, out)
             assert len(out["output"]) <= CAP + 200, len(out["output"])
