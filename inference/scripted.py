@@ -28,6 +28,7 @@ from broker.keys import Keys
 from broker.registry import ServerMeta
 from inference.api_schema import add_api_key
 from inference.generation import Generation
+from inference.latency import LatencyLog, LatencyProfile
 from inference.membership import Membership
 from inference.openai_api import OpenAIBackend, OpenAIError, add_openai_routes
 
@@ -79,12 +80,20 @@ def script_turn(mode: str, instance: dict[str, Any] | None, turn: int, sleep_s: 
     return _turn("Done: submit the work.", SUBMIT)
 
 
+def script_length(mode: str, instance: dict[str, Any] | None, cap: int = 16) -> int:
+    """Answers up to and including the submit (`cap` for a script that never submits)."""
+    for turn in range(cap):
+        if SUBMIT in script_turn(mode, instance, turn):
+            return turn + 1
+    return cap
+
+
 class ScriptedPolicy:
     """In-process scripted policy. `find(prompt_text)` maps a decoded prompt to (instance, turn)."""
 
     def __init__(self, tokenizer: Any, mode: str = "fix", weight_version: str = "0",
                  tasks: list[dict[str, Any]] | None = None, eos_token: str | None = None,
-                 sleep_s: int = 30) -> None:
+                 sleep_s: int = 30, latency: LatencyProfile | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} not one of {MODES}")
         self.tok, self.mode, self.weight_version = tokenizer, mode, str(weight_version)
@@ -92,6 +101,8 @@ class ScriptedPolicy:
         self.eos_token = eos_token or tokenizer.eos_token
         self.eos_id = int(tokenizer.convert_tokens_to_ids(self.eos_token))
         self.sleep_s = sleep_s
+        # with a latency profile: exploration turns before the script, a delay per answer
+        self.latency = LatencyLog(latency) if latency is not None else None
 
     def locate(self, input_ids: list[int]) -> tuple[dict[str, Any] | None, int]:
         text = self.tok.decode(input_ids, skip_special_tokens=False)
@@ -100,13 +111,22 @@ class ScriptedPolicy:
             ps = str(row.get("problem_statement", "")).strip()
             if ps and ps in text:
                 return row, turn
+        for row in self.tasks:  # a compact prompt shows only the statement's first line
+            first = str(row.get("problem_statement", "")).strip().split("\n")[0].strip()
+            if first and first in text:
+                return row, turn
         return None, turn
 
-    def answer(self, input_ids: list[int], max_new_tokens: int) -> Generation:
+    def answer(self, input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> Generation:
         inst, turn = self.locate(input_ids)
         # A row may pick its own script (tests mix resolved and wrong episodes on one server).
         mode = str((inst or {}).get("swarl_scripted_mode") or self.mode)
-        text = script_turn(mode, inst, turn, self.sleep_s)
+        if self.latency is not None:
+            extra = max(0, self.latency.draw(rid).turns - script_length(mode, inst))
+            text = (_turn("Let me look around first.", "ls") if turn < extra
+                    else script_turn(mode, inst, turn - extra, self.sleep_s))
+        else:
+            text = script_turn(mode, inst, turn, self.sleep_s)
         ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos_id]
         finish = "stop"
         if len(ids) > max_new_tokens:
@@ -116,7 +136,7 @@ class ScriptedPolicy:
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
                        rid: str | None = None) -> Generation:
-        return self.answer(input_ids, int(sampling.get("max_new_tokens", 128)))
+        return self.answer(input_ids, int(sampling.get("max_new_tokens", 128)), rid)
 
 
 class JudgeError(Exception):
@@ -203,7 +223,9 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
                            [], "stop", policy.weight_version, text)
             g.logprobs = [SCRIPTED_LOGPROB] * len(g.ids)
         else:
-            g = policy.answer(ids, max_new_tokens)
+            g = policy.answer(ids, max_new_tokens, rid or None)
+        if policy.latency is not None and judge is None:
+            await asyncio.sleep(policy.latency.delay_s(rid or None, len(g.ids)))
         finish = ({"type": "stop", "matched": policy.eos_id} if g.finish == "stop"
                   else {"type": "length", "length": len(g.ids)})
         return {"text": g.text, "output_ids": g.ids, "meta_info": {
@@ -233,6 +255,25 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
         policy.weight_version = str(body["new_version"])
         return {"success": True, "message": "ok"}
 
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Any:
+        # Nothing to load (a script has no weights): the version moves, so weight_sync's
+        # rolling update treats this server like any other.
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return err(400, "model_path: expected a string")
+        if body.get("weight_version") is not None:
+            policy.weight_version = str(body["weight_version"])
+        return {"success": True, "message": "Succeeded to update model weights.",
+                "num_paused_requests": 0}
+
+    @app.get("/swarl/latency")
+    async def latency() -> Any:
+        """The latency profile and, per episode key, the seconds slept and answers given."""
+        if policy.latency is None:
+            return {"profile": None, "episodes": {}}
+        return {"profile": policy.latency.profile.model_dump(), "episodes": policy.latency.episodes}
+
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Any:
@@ -251,7 +292,7 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
                 keys: Keys | None, server_id: str | None = None,
                 advertise_url: str | None = None, heartbeat_s: float = 3.0, sleep_s: int = 30,
                 redis_cfg: RedisConfig | None = None, judge_vote: str = "+1",
-                judge_delay_s: float = 0.0) -> None:
+                judge_delay_s: float = 0.0, latency: LatencyProfile | None = None) -> None:
     """Run the scripted server; with redis_url, keep a registry entry (ready at any version: a
     script does not depend on weights) until stopped."""
     import uvicorn
@@ -260,7 +301,8 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     # judge mode: a PRM's stand-in (role prm); the policy object still tokenizes and versions
     judge = ScriptedJudge(tasks, judge_vote, judge_delay_s) if mode == "judge" else None
-    policy = ScriptedPolicy(tok, "fix" if judge else mode, weight_version, tasks, sleep_s=sleep_s)
+    policy = ScriptedPolicy(tok, "fix" if judge else mode, weight_version, tasks, sleep_s=sleep_s,
+                            latency=latency)
     membership = None
     if redis_url:
         if keys is None:

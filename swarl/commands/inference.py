@@ -171,6 +171,9 @@ def scripted_serve(
     judge_vote: Annotated[str, typer.Option("--judge-vote", help="judge mode: the vote of a row without "
                                             "swarl_prm_votes: +1 | -1 | bad | error.")] = "+1",
     judge_delay_s: Annotated[float, typer.Option("--judge-delay-s", help="judge mode: seconds each vote takes.")] = 0.0,
+    latency: Annotated[str | None, typer.Option(
+        "--latency-profile", help="JSON of an inference.latency.LatencyProfile: heavy-tailed "
+        "episode durations (lognormal turns and per-token time); unset: answer at once.")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -180,9 +183,14 @@ def scripted_serve(
     from pathlib import Path
 
     from common.logs import get_logger
+    from inference.latency import LatencyProfile
     from inference.scripted import serve
 
     cfg = load(config, sets, extra={"run.id": run_id})
+    try:
+        profile = LatencyProfile.model_validate_json(latency) if latency else None
+    except ValueError as e:
+        raise typer.BadParameter(f"--latency-profile: {e}") from e
     key = _api_key(api_key, cfg.inference.api_key, no_auth)
     if key is None:
         get_logger("inference.scripted").warning("serving_without_auth")
@@ -196,4 +204,4 @@ def scripted_serve(
     asyncio.run(serve(tokenizer, mode, host, port, key, weight_version, rows,
                       redis_url or cfg.redis.url, cfg.keys, server_id=server_id,
                       heartbeat_s=cfg.inference.heartbeat_s, sleep_s=sleep_s, redis_cfg=cfg.redis,
-                      judge_vote=judge_vote, judge_delay_s=judge_delay_s))
+                      judge_vote=judge_vote, judge_delay_s=judge_delay_s, latency=profile))
