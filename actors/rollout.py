@@ -1,5 +1,5 @@
 """One rollout job against the real services: admission → pin → leased episode → samples →
-replay stream. The pin and (when nothing was produced) the admission slot are released in a
+replay stream. The pin and (when nothing trainable was produced) the admission slot are released in a
 `finally` shielded from cancellation; the lease and the trajectory are the leased episode's."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Rollouts:
         while True:
             if await self.admission.try_start():
                 return
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.25)  # at max_staleness 0 this poll is on every version's path
 
     async def _pin(self, pin_id: str) -> Any:
         current = await self.policies.current()
@@ -115,8 +115,12 @@ class Rollouts:
             return {"skipped": "already done"}
         final_try = job_try >= self.rt.queue.max_tries
         pin_id = f"{self.actor_id}:{job.job_id}:{job_try}"
-        admitted = produced = False
+        # trainable: samples the learner can train on were written; a rollout that ends
+        # without any (an error, or masked samples) gives its admission slot back, so at
+        # max_staleness 0 another rollout of the same version takes its place in the batch
+        admitted = trainable = False
         server = policy = None
+        t_busy = 0.0
         renew: asyncio.Task[None] | None = None
         stop_renewing = asyncio.Event()
         self.running += 1
@@ -124,6 +128,7 @@ class Rollouts:
             await self._admit()
             admitted = True
             server = await self._pin(pin_id)
+            t_busy = time.monotonic()
             renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
             policy = ServerPolicy(server.url, self.api_key, self.a.generate_timeout_s)
             version = server.version or 0
@@ -131,11 +136,12 @@ class Rollouts:
                 "server": server.url, "server_id": server.id, "policy_version": version,
                 "job_try": job_try})
             await self.writer.add(ep.samples, done_job=job.job_id)
-            produced = True
+            trainable = not ep.masked
             self.totals["episodes"] += 1
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
-            await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"))
+            await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"),
+                             time.monotonic() - t_busy)
             if ep.metrics.get("reward_hack_attempts"):
                 await self._stat("reward_hack_attempts")
                 log.warning("reward_hack_attempt", job_id=job.job_id, traj_dir=str(ep.traj_dir),
@@ -160,16 +166,15 @@ class Rollouts:
             encoder = await self.episodes.encoder(policy)
             samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, e.reason)
             await self.writer.add(samples, done_job=job.job_id)
-            produced = True
             self.totals["episodes_masked_infra"] += 1
-            await self._stat("episodes_masked_infra")
+            await self._stat("episodes_masked_infra", time.monotonic() - t_busy if t_busy else 0.0)
             log.warning("episode_masked_after_infra_failures", job_id=job.job_id,
                         reason=e.reason, tries=job_try)
             return {"masked": True, "reason": e.reason}
         finally:
             self.running -= 1
             stop_renewing.set()
-            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not produced))
+            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not trainable))
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
                        policy: ServerPolicy | None, release: bool) -> None:
@@ -186,9 +191,13 @@ class Rollouts:
             with contextlib.suppress(Exception):
                 await self.admission.release()
 
-    async def _stat(self, name: str) -> None:
+    async def _stat(self, name: str, busy_s: float = 0.0) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hincrby(self.keys.stats, name, 1)  # samples_written is counted by the writer
+        if busy_s:
+            # seconds an actor slot spent on episodes (pinned until samples written): with
+            # the slots' wall time this gives the actors' idle fraction
+            pipe.hincrbyfloat(self.keys.stats, "rollout_busy_s", round(busy_s, 3))
         with contextlib.suppress(Exception):
             await pipe.execute()
 

@@ -122,15 +122,20 @@ class Learner:
         publish = st.step % max(1, self.lcfg.update_every) == 0
         if publish:
             st.version += 1
-        t_ckpt = 0.0
+        t_ckpt = t_pub = 0.0
         if publish or st.step % max(1, self.lcfg.checkpoint_every) == 0:
             t0 = time.perf_counter()
             await self._checkpoint()
             t_ckpt = time.perf_counter() - t0
             if publish:
+                t0 = time.perf_counter()
                 await self._publish(st.version)
+                t_pub = time.perf_counter() - t0
             await self._ack()
-        self.metrics.log(st.step, {**self._step_metrics(batch, m, rstats), "checkpoint_s": t_ckpt})
+        # wall clock at the step's end, with step_time_s + checkpoint_s + publish_s: how long
+        # the learner was busy, and so idle (benchmarks/async_vs_sync.py)
+        self.metrics.log(st.step, {**self._step_metrics(batch, m, rstats), "time": time.time(),
+                                   "checkpoint_s": t_ckpt, "publish_s": t_pub})
         log.info("step", step=st.step, version=st.version, loss=round(m["loss"], 5),
                  reward=round(rstats["reward_mean"], 4), samples=len(items),
                  tokens_per_s=round(m["tokens_per_s"], 1))

@@ -196,7 +196,10 @@ class Coordinator:
         await self._retain(servers)
         self._release_delivered(servers, current)
         ready = [s for s in servers if s.state == "ready"]
-        for s in servers:
+        # the furthest behind first, then the fewest pins: its drain is the shortest, and the
+        # server that took the newest episodes keeps serving them (heavy-tailed episodes would
+        # otherwise hold the newest version back from every new pin)
+        for s in sorted(servers, key=lambda s: (s.version if s.version is not None else -1, s.pins)):
             if len(self.in_flight) >= self.cfg.max_updating:
                 break
             if s.id in self.in_flight:
