@@ -30,7 +30,7 @@ from common.procs import Child
 __all__ = ["envd_factory", "envd_server", "envd_token", "pool_factory", "pool_server", "test_image"]
 
 REPO = Path(__file__).resolve().parent.parent
-SWARL = str(REPO / ".venv" / "bin" / "swarl")
+SWARL = str(Path(sys.executable).parent / "swarl")  # a worktree has no .venv of its own
 TEST_IMAGE = "swarl/envd-test:2"
 
 # A tiny repository at /testbed: a module with a bug and a test that shows it.

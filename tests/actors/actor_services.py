@@ -20,7 +20,8 @@ from common.services import free_port
 from swarl.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-SWARL = str(REPO / ".venv" / "bin" / "swarl")
+# beside this interpreter, not <repo>/.venv: a worktree has no .venv of its own
+SWARL = str(Path(sys.executable).parent / "swarl")
 
 EVAL_SCRIPT = """cd /testbed
 echo '>>>>> Start Test Output'

@@ -12,49 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import redis as redis_sync
 from actor_services import actor_sets, calc_row, start_actor, write_config
 from fixtures_envd import TEST_IMAGE
+from system_helpers import start_swarl, swarl, trained
 
 from broker.keys import Keys
 from common.procs import terminate
 from inference.weights import checksum, read_safetensors_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
-REPO = Path(__file__).resolve().parents[2]
 KEY = "system-test-key"
 STEPS = 3
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARL_")}
-    return env | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def _swarl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=120)
-
-
-def _start(log: Path, *args: str) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=_env(),
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _trained(run_dir: Path) -> list[tuple[int, list[str]]]:
-    p = run_dir / "learner" / "trained.jsonl"
-    if not p.exists():
-        return []
-    return [(d["step"], d["ids"]) for d in map(json.loads, p.read_text().splitlines())]
 
 
 async def _watch(urls: list[str], out: dict[str, set[tuple[str, str]]], stop: asyncio.Event) -> None:
@@ -93,11 +66,11 @@ async def test_two_rank_learner_with_actors_and_a_tp2_server(
            "weight_sync.drain_timeout_action": "proceed"}))
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(calc_row(test_image, n)) + "\n" for n in range(1, 5)))
-    enq = await asyncio.to_thread(_swarl, "enqueue", "-c", str(cfg), "--data", str(rows), "--n-samples", "2",
+    enq = await asyncio.to_thread(swarl, "enqueue", "-c", str(cfg), "--data", str(rows), "--n-samples", "2",
                                   "--epochs", "3")
     assert enq.returncode == 0, enq.stderr
     log = tmp_path / "learner.log"
-    learner = _start(log, "learner", "-c", str(cfg), "--nproc-per-node", "2")
+    learner = start_swarl(log, "learner", "-c", str(cfg), "--nproc-per-node", "2")
     actors = [start_actor(cfg, tmp_path / "actors", concurrency=2) for _ in range(2)]
     seen: dict[str, set[tuple[str, str]]] = {s.url: set() for s in servers}
     stop = asyncio.Event()
@@ -122,7 +95,7 @@ async def test_two_rank_learner_with_actors_and_a_tp2_server(
     r = redis_sync.Redis.from_url(redis_url)
     consumers = r.xinfo_consumers(keys.replay, "learner")
     assert [c["name"] for c in consumers] == [b"learner-0"]  # rank 0 alone read the stream
-    steps = _trained(run_dir)
+    steps = trained(run_dir)
     assert [s for s, _ in steps] == list(range(1, STEPS + 1))
     ids = [i for _, step_ids in steps for i in step_ids]
     assert len(ids) == len(set(ids))  # every sample once

@@ -1,0 +1,128 @@
+"""What the whole-system tests share: `swarl` subcommands as subprocesses, the learner's own
+records (trained.jsonl, metrics.jsonl) and a watcher that keeps every replay-stream entry the
+actors write (the learner trims the stream once it has acknowledged entries)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from broker.keys import Keys
+from broker.wire import Sample, decode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def swarl_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARL_")}
+    return env | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def swarl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=swarl_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_swarl(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=swarl_env(),
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def trained(run_dir: Path) -> list[tuple[int, list[str]]]:
+    """(step, sample ids) per learner step, from <run.dir>/learner/trained.jsonl."""
+    p = run_dir / "learner" / "trained.jsonl"
+    if not p.exists():
+        return []
+    return [(d["step"], d["ids"]) for d in map(json.loads, p.read_text().splitlines())]
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    p = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+@dataclass
+class StreamWatch:
+    """Reads the replay stream with XREAD (no consumer group: the learner's reads are not
+    disturbed) every `every` seconds and keeps each sample by id."""
+
+    redis_url: str
+    keys: Keys
+    every: float = 0.2
+    samples: dict[str, Sample] = field(default_factory=dict)
+    _last: str = "0-0"
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> StreamWatch:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        r = aioredis.Redis.from_url(self.redis_url)
+        try:
+            while not self._stop.is_set():
+                await self.poll(r)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.every)
+            await self.poll(r)
+        finally:
+            await r.aclose()
+
+    async def poll(self, r: aioredis.Redis) -> None:
+        while True:
+            got = await r.xread({self.keys.replay: self._last}, count=500)
+            if not got:
+                return
+            for sid, fields in got[0][1]:
+                self._last = sid.decode()
+                s = decode(fields[b"s"])
+                self.samples[s.sample_id] = s
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    def episodes(self) -> dict[str, list[Sample]]:
+        out: dict[str, list[Sample]] = {}
+        for s in self.samples.values():
+            out.setdefault(s.episode_id or s.sample_id, []).append(s)
+        return out
+
+
+def job_ids(keys: Keys, rows: list[dict[str, Any]], n: int, epochs: int) -> set[str]:
+    """The ids `swarl enqueue --n-samples n --epochs epochs` gives the jobs of `rows`."""
+    return {keys.job_id(r["instance_id"], e, i) for r in rows for e in range(epochs) for i in range(n)}
+
+
+async def wait_jobs_ended(redis_url: str, keys: Keys, ids: set[str], procs: list[Any],
+                          within_s: float) -> tuple[set[str], dict[str, str]]:
+    """Wait until every job is done or failed for good; returns (done, {failed id: reason}).
+    A process of `procs` (Popen-like: poll()) that exits first fails the wait."""
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            done = set(await r.smembers(keys.jobs_done)) & ids
+            failed = {k: v for k, v in (await r.hgetall(keys.jobs_failed)).items() if k in ids}
+            if done | set(failed) == ids:
+                return done, failed
+            for p in procs:
+                code = p.poll() if hasattr(p, "poll") else p.proc.poll()
+                assert code is None, f"{getattr(p, 'args', p)} exited with {code}"
+            assert asyncio.get_running_loop().time() < deadline, \
+                f"jobs not ended within {within_s:.0f}s: {sorted(ids - done - set(failed))[:5]}"
+            await asyncio.sleep(1.0)
+    finally:
+        await r.aclose()
