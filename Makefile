@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test chaos images lint bench clean
+.PHONY: setup demo test chaos images lint bench bench-async clean
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,10 @@ lint: setup
 
 bench: setup
 	for b in benchmarks/*.py; do .venv/bin/python $$b || exit 1; done
+
+# asynchronous vs synchronous on swarl itself (~40 min; ARGS="--minutes 3" to shorten)
+bench-async: setup
+	.venv/bin/python benchmarks/async_vs_sync.py $(ARGS)
 
 clean:
 	rm -rf .swarl runs
