@@ -123,3 +123,23 @@ async def test_prm_servers_are_a_pool_of_their_own(aredis, keys):
     assert judge.meta is None and judge.role == "prm"
     with pytest.raises(ValueError, match="role"):
         ServerMeta(kind="scripted", role="critic")
+
+
+async def test_status_shows_the_policy_and_prm_pools(aredis, keys):
+    from rich.console import Console
+
+    from broker.config import AdmissionConfig, ReplayConfig
+    from broker.status import gather, render
+
+    reg = ServerRegistry(aredis, keys)
+    await reg.register("pol-0", "http://p0", 0, meta=META, state="ready")
+    await reg.register("judge-0", "http://j0", 0, meta=ServerMeta(kind="sglang", tp_size=1, role="prm"),
+                       state="ready")
+    st = await gather(aredis, keys, ReplayConfig(), AdmissionConfig())
+    assert {s["id"]: s["role"] for s in st["servers"]} == {"pol-0": "policy", "judge-0": "prm"}
+    console = Console(record=True, width=200)
+    console.print(render(st))
+    text = console.export_text()
+    policy_table, judge_table = text.split("inference servers (policy)")[1].split("PRM judge servers")
+    assert "pol-0" in policy_table and "judge-0" not in policy_table
+    assert "judge-0" in judge_table.split("actors")[0]
