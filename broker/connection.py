@@ -42,7 +42,9 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 T = TypeVar("T")
 _RETRY_ON = [ConnectionError, TimeoutError, BusyLoadingError]
 # A connect's socket errors too: redis-py opens a pool's first connection outside the command's
-# retry, so without them a fresh client would fail at once while Redis is down.
+# retry, so without them a fresh client would fail at once while Redis is down. Not for
+# Sentinel-managed connections: their connect() retries on ConnectionError around a lookup of
+# the primary, and retrying the socket error inside would keep dialling the dead primary.
 _RETRY_ALSO_ON = (OSError, builtins.TimeoutError)
 
 
@@ -77,13 +79,17 @@ class _Outage:
         return delay
 
 
+def _errors(sentinel: bool) -> tuple[type[Exception], ...]:
+    return tuple(_RETRY_ON) if sentinel else (*_RETRY_ON, *_RETRY_ALSO_ON)
+
+
 class OutageRetry(Retry):
     """redis-py's Retry with a time budget (redis.outage_s) instead of a count of attempts."""
 
     __slots__ = ("_outage",)
 
-    def __init__(self, cfg: RedisConfig) -> None:
-        super().__init__(ExponentialBackoff(), -1, (*_RETRY_ON, *_RETRY_ALSO_ON))
+    def __init__(self, cfg: RedisConfig, sentinel: bool = False) -> None:
+        super().__init__(ExponentialBackoff(), -1, _errors(sentinel))
         self._outage = _Outage(cfg)
 
     def call_with_retry(self, do: Callable[[], T], fail: Callable[[Exception], Any]) -> T:
@@ -105,8 +111,8 @@ class AsyncOutageRetry(AsyncRetry):
 
     __slots__ = ("_outage",)
 
-    def __init__(self, cfg: RedisConfig) -> None:
-        super().__init__(ExponentialBackoff(), -1, (*_RETRY_ON, *_RETRY_ALSO_ON))  # type: ignore[arg-type]
+    def __init__(self, cfg: RedisConfig, sentinel: bool = False) -> None:
+        super().__init__(ExponentialBackoff(), -1, _errors(sentinel))  # type: ignore[arg-type]
         self._outage = _Outage(cfg)
 
     async def call_with_retry(self, do: Callable[[], Awaitable[T]], fail: Callable[[Any], Any]) -> T:
@@ -166,9 +172,10 @@ def _check_scheme(url: str) -> str:
 def _client(url: str, cfg: RedisConfig | None, sync: bool, redis_class: type | None = None) -> Any:
     cfg = cfg or RedisConfig()
     scheme = _check_scheme(url)
-    retry = OutageRetry(cfg) if sync else AsyncOutageRetry(cfg)
+    use_sentinel = scheme in SENTINEL_SCHEMES
+    retry = OutageRetry(cfg, use_sentinel) if sync else AsyncOutageRetry(cfg, use_sentinel)
     kwargs = _common_kwargs(cfg, retry)
-    if scheme in SENTINEL_SCHEMES:
+    if use_sentinel:
         if sync:
             from redis.sentinel import Sentinel
         else:
