@@ -2,7 +2,8 @@
 
 - `ensure(image)`: present -> nothing to do; missing -> pull it. One pull per image however many
   creates wait for it (single-flight), at most `envd.max_concurrent_pulls` pulls at once, each
-  bounded by `envd.pull_timeout_s` (a silent progress stream fails after `envd.pull_stall_s`).
+  bounded by `envd.pull_timeout_s` (a silent progress stream fails after `envd.pull_stall_s`;
+  the stream is read with httpx, since docker-py reads a pull's stream without a timeout).
   Progress goes to the log every `envd.pull_log_interval_s` and to /metrics as it downloads.
   A failed pull raises PullFailed naming the image, the reference and the reason.
 - Names without a registry host (or naming docker.io) are pulled from `envd.registry` when set
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,8 +29,9 @@ from typing import Any
 
 import anyio.to_thread
 import docker
+import docker.auth
 import docker.errors
-import requests.exceptions
+import httpx
 
 from common.logs import get_logger
 from envd.config import EnvdConfig
@@ -73,6 +76,17 @@ def pull_reference(image: str, registry: str | None) -> str | None:
     return image if host is not None else None
 
 
+def engine_http(docker_url: str) -> httpx.AsyncClient:
+    """An HTTP client of the Docker engine API (unix socket or tcp), for streaming a pull with a
+    read timeout of our own: docker-py's pull reads its stream without any."""
+    if docker_url.startswith("unix://"):
+        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=docker_url[len("unix://"):]),
+                                 base_url="http://docker")
+    if docker_url.startswith(("tcp://", "http://", "https://")):
+        return httpx.AsyncClient(base_url=docker_url.replace("tcp://", "http://", 1))
+    raise ValueError(f"envd pulls over unix:// or tcp:// Docker URLs, not {docker_url!r}")
+
+
 def _repo_tag(ref: str) -> tuple[str, str | None]:
     if "@" in ref:
         return ref, None  # by digest
@@ -87,8 +101,8 @@ class ImageCache:
         self.cfg = cfg
         self.index = index
         self.metrics = metrics
-        # Its own client: the read timeout is the stall bound of a pull's progress stream.
-        self.api = docker.APIClient(base_url=docker_url, timeout=max(1, int(cfg.pull_stall_s)))
+        self.api = docker.APIClient(base_url=docker_url, timeout=max(1, int(cfg.create_timeout_s)))
+        self.http = engine_http(docker_url)  # the pull stream itself
         self._slots = asyncio.Semaphore(cfg.max_concurrent_pulls)
         self._flights: dict[str, asyncio.Task[PullInfo]] = {}
         self._holds: Counter[str] = Counter()  # images a create is using right now
@@ -112,6 +126,7 @@ class ImageCache:
                 await self._gc_task
         for task in list(self._flights.values()):
             task.cancel()
+        await self.http.aclose()
         self.api.close()
 
     @staticmethod
@@ -176,7 +191,13 @@ class ImageCache:
                 self.metrics.pulls_running.inc()
                 try:
                     log.info("pull_started", image=image, reference=ref)
-                    nbytes = await self._thread(self._pull_blocking, image, ref, deadline)
+                    try:
+                        nbytes = await asyncio.wait_for(self._pull_stream(image, ref),
+                                                        max(0.0, deadline - time.monotonic()))
+                    except TimeoutError:
+                        raise PullFailed(f"pull of {image} from {ref} did not finish within "
+                                         f"{self.cfg.pull_timeout_s:g}s") from None
+                    await self._thread(self._tag_as, image, ref)
                 finally:
                     self.metrics.pulls_running.dec()
             await self.index.arrived(image)
@@ -212,48 +233,72 @@ class ImageCache:
     def _tags(self) -> set[str]:
         return {t for img in self.api.images() for t in (img.get("RepoTags") or []) if t != "<none>:<none>"}
 
-    def _auth(self) -> dict[str, str] | None:
+    def _auth_header(self, repo: str) -> str | None:
+        """X-Registry-Auth for `repo`: the configured user, else Docker's config.json (what
+        docker-py would send), else none (an anonymous pull)."""
         if self.cfg.registry_username:
-            return {"username": self.cfg.registry_username, "password": self.cfg.registry_password or ""}
-        return None  # docker-py then uses Docker's config.json for the registry
+            return docker.auth.encode_header({"username": self.cfg.registry_username,
+                                              "password": self.cfg.registry_password or ""}).decode()
+        registry, _ = docker.auth.resolve_repository_name(repo)
+        header = docker.auth.get_config_header(self.api, registry)
+        return header.decode() if isinstance(header, bytes) else header
 
-    def _pull_blocking(self, image: str, ref: str, deadline: float) -> int:
-        """Pull `ref` (tagging it as `image`), logging progress; the bytes downloaded."""
+    async def _pull_stream(self, image: str, ref: str) -> int:
+        """Pull `ref` through the engine's API, counting progress; the bytes downloaded. A stream
+        silent for envd.pull_stall_s fails (httpx's read timeout)."""
         repo, tag = _repo_tag(ref)
+        params = {"fromImage": repo, **({"tag": tag} if tag else {})}
+        header = await self._thread(self._auth_header, repo)
+        headers = {"X-Registry-Auth": header} if header else {}
         current: dict[str, int] = {}
         total: dict[str, int] = {}
         counted = 0
         last_log = time.monotonic()
         progress = self._progress[image] = {"reference": ref, "started": time.time(), "bytes": 0,
                                             "total": 0, "layers": 0}
+        timeout = httpx.Timeout(30.0, read=self.cfg.pull_stall_s)
         try:
-            for ev in self.api.pull(repo, tag=tag, stream=True, decode=True, auth_config=self._auth()):
-                if ev.get("error"):
-                    raise PullFailed(f"pull of {image} from {ref} failed: {ev['error']}")
-                layer, status = ev.get("id"), ev.get("status", "")
-                detail = ev.get("progressDetail") or {}
-                if layer and status == "Downloading" and "current" in detail:
-                    current[layer] = int(detail["current"])
-                    total[layer] = int(detail.get("total") or 0)
-                elif layer and status in ("Download complete", "Pull complete") and layer in total:
-                    current[layer] = max(current.get(layer, 0), total[layer])
-                got = sum(current.values())
-                if got > counted:
-                    self.metrics.pull_bytes.inc(got - counted)
-                    counted = got
-                progress.update(bytes=got, total=sum(total.values()), layers=len(total))
-                now = time.monotonic()
-                if now - last_log >= self.cfg.pull_log_interval_s:
-                    last_log = now
-                    log.info("pull_progress", image=image, mb=round(got / 1e6, 1),
-                             of_mb=round(sum(total.values()) / 1e6, 1), layers=len(total))
-                if now > deadline:
-                    raise PullFailed(f"pull of {image} from {ref} did not finish within "
-                                     f"{self.cfg.pull_timeout_s:g}s")
-        except docker.errors.APIError as e:
-            raise PullFailed(f"pull of {image} from {ref} failed: {e.explanation or e}") from None
-        except requests.exceptions.RequestException as e:
+            async with self.http.stream("POST", "/images/create", params=params, headers=headers,
+                                        timeout=timeout) as r:
+                if r.status_code >= 400:
+                    body = (await r.aread()).decode(errors="replace")
+                    with contextlib.suppress(ValueError):
+                        body = json.loads(body).get("message", body)
+                    raise PullFailed(f"pull of {image} from {ref} failed: {body.strip()[:500]}")
+                async for line in r.aiter_lines():
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("error"):
+                        raise PullFailed(f"pull of {image} from {ref} failed: {ev['error']}")
+                    layer, status = ev.get("id"), ev.get("status", "")
+                    detail = ev.get("progressDetail") or {}
+                    if layer and status == "Downloading" and "current" in detail:
+                        current[layer] = int(detail["current"])
+                        total[layer] = int(detail.get("total") or 0)
+                    elif layer and status in ("Download complete", "Pull complete") and layer in total:
+                        current[layer] = max(current.get(layer, 0), total[layer])
+                    got = sum(current.values())
+                    if got > counted:
+                        self.metrics.pull_bytes.inc(got - counted)
+                        counted = got
+                    progress.update(bytes=got, total=sum(total.values()), layers=len(total))
+                    now = time.monotonic()
+                    if now - last_log >= self.cfg.pull_log_interval_s:
+                        last_log = now
+                        log.info("pull_progress", image=image, mb=round(got / 1e6, 1),
+                                 of_mb=round(sum(total.values()) / 1e6, 1), layers=len(total))
+        except httpx.ReadTimeout:
+            raise PullFailed(f"pull of {image} from {ref} failed: no progress for "
+                             f"{self.cfg.pull_stall_s:g}s") from None
+        except httpx.HTTPError as e:
             raise PullFailed(f"pull of {image} from {ref} failed: {type(e).__name__}: {e}") from None
+        except ValueError as e:  # a line that is not JSON
+            raise PullFailed(f"pull of {image} from {ref} failed: bad progress stream: {e}") from None
+        return counted
+
+    def _tag_as(self, image: str, ref: str) -> None:
+        """After the pull: the image is there, under the requested name only."""
         if not self._present(ref):
             raise PullFailed(f"pull of {image} from {ref} ended without the image")
         if ref != image:
@@ -261,7 +306,6 @@ class ImageCache:
             self.api.tag(ref, r, t)
             with contextlib.suppress(docker.errors.APIError):
                 self.api.remove_image(ref)  # only the tag: the image keeps its requested name
-        return counted
 
     def pulls(self) -> dict[str, dict[str, Any]]:
         """Pulls running now: image -> reference, started, bytes, total, layers."""

@@ -276,3 +276,47 @@ async def test_registry_credentials_from_the_config_or_dockers_config_json_never
         assert err.value.reason == "pull_failed" and "no basic auth credentials" in str(err.value)
     finally:
         await node.aclose()
+
+
+async def test_a_registry_that_hangs_fails_the_pull_within_its_bound(image_nodes, tiny_images) -> None:
+    import socket
+    import threading
+
+    (image,) = tiny_images(1)
+    # a "registry" that accepts connections and never answers
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        (a,) = image_nodes(only=["node-a"], registry_host=f"127.0.0.1:{srv.getsockname()[1]}",
+                           sets=["envd.pull_stall_s=3", "envd.pull_timeout_s=8"])
+        node = EnvdClient.node(a.url, a.token)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(EnvError) as err:
+                await node.pull(image)
+            took = time.monotonic() - t0
+        finally:
+            await node.aclose()
+        assert err.value.reason == "pull_failed" and image in str(err.value)
+        assert 2 < took < 30, took  # the stall bound, not dockerd's own (minutes)
+        assert metric(a, "envd_image_pulls_running") == 0
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        for s in held:
+            s.close()
+        srv.close()
