@@ -25,7 +25,8 @@ from envd.schemas import DIFF_TIMEOUT_S
 __all__ = ["EnvError", "EnvRequestError", "EnvdClient", "EvalResult", "ExecResult", "Lease",
            "LeaseLost"]
 
-# Transport failures sent again: never sent, or the connection dropped before any answer.
+# Transport failures sent again: never sent, or the connection dropped before any answer
+# (exec excepted: only never-sent requests are sent again, so a command never runs twice).
 RETRY_ON: tuple[type[Exception], ...] = (*NOT_SENT, httpx.RemoteProtocolError)
 EVAL_SLACK_S = 300.0  # evaluate: a fresh container's create and the patch apply, on top of the run
 # A create may pull its image first: envd.create_timeout_s + envd.pull_timeout_s (defaults)
@@ -165,10 +166,12 @@ class EnvdClient:
 
     async def call(self, method: str, path: str, body: dict[str, Any] | None = None,
                    timeout_s: float | None = None, lost_on_404: bool = False,
-                   retries: int | None = None) -> dict[str, Any]:
+                   retries: int | None = None,
+                   retry_on: tuple[type[Exception], ...] | None = None) -> dict[str, Any]:
         """One request; the answer's JSON object, or EnvError / LeaseLost / EnvRequestError."""
         try:
-            r = await self.http.request(method, path, json=body, timeout_s=timeout_s, retries=retries)
+            r = await self.http.request(method, path, json=body, timeout_s=timeout_s, retries=retries,
+                                        retry_on=retry_on)
         except httpx.HTTPError as e:
             raise EnvError(f"{method} {self.url}{path}: {e!r}") from e
         try:
@@ -197,7 +200,10 @@ class EnvdClient:
         body = await self.call("POST", self.routes.exec,
                                {self.routes.target: target, "command": command, "cwd": cwd,
                                 "timeout": timeout, "env": env or {}},
-                               timeout_s=http_timeout_s or timeout + self.http.timeout_s, lost_on_404=True)
+                               timeout_s=http_timeout_s or timeout + self.http.timeout_s, lost_on_404=True,
+                               # an agent's command runs at most once: a request that may have
+                               # reached envd (its node died mid-exec) is an EnvError, never re-sent
+                               retry_on=NOT_SENT)
         return _exec_result(body)
 
     async def diff(self, target: str, cwd: str = "/testbed", http_timeout_s: float | None = None) -> str:
