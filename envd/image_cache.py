@@ -108,6 +108,7 @@ class ImageCache:
         self._holds: Counter[str] = Counter()  # images a create is using right now
         self._gc_lock = asyncio.Lock()
         self._gc_task: asyncio.Task[None] | None = None
+        self._gc_runs: set[asyncio.Task[None]] = set()  # referenced until done (asyncio keeps weak refs)
         self._progress: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle -----------------------------------------------------------------
@@ -207,7 +208,9 @@ class ImageCache:
             log.info("pull_done", image=image, reference=ref, seconds=round(seconds, 2),
                      mb=round(nbytes / 1e6, 1))
             if self.cfg.image_budget:
-                asyncio.get_running_loop().create_task(self.enforce_budget())
+                gc = asyncio.create_task(self._gc_once(), name="envd-image-gc-after-pull")
+                self._gc_runs.add(gc)
+                gc.add_done_callback(self._gc_runs.discard)
             return PullInfo(image, pulled=True, seconds=seconds, bytes=nbytes)
         except PullFailed as e:
             result = "timeout" if "within" in str(e) else "failed"
@@ -315,10 +318,13 @@ class ImageCache:
     async def _gc_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.image_gc_interval_s)
-            try:
-                await self.enforce_budget()
-            except Exception as e:  # keep checking whatever one round hit
-                log.error("image_gc_failed", error=repr(e))
+            await self._gc_once()
+
+    async def _gc_once(self) -> None:
+        try:
+            await self.enforce_budget()
+        except Exception as e:  # keep checking whatever one round hit
+            log.error("image_gc_failed", error=repr(e))
 
     def _disk_bytes(self) -> int:
         return int(self.api.df().get("LayersSize") or 0)
