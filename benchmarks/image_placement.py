@@ -6,8 +6,8 @@ The default sequence is a synthetic run shaped like SWE-Gym training: T tasks, e
 own image (sizes log-normal around 1.5 GB), enqueued group by group (n samples per prompt),
 E epochs, C episodes at once, each holding its lease for a log-normal time. `--leases FILE`
 replays a recorded sequence instead (JSONL: image, start_s, duration_s, optional size_bytes).
-Optionally each node keeps at most `--disk-images` images (LRU among the unused ones), as
-envd's disk budget would.
+It runs without a disk budget and again with each node keeping at most `--disk-images` images
+(LRU among the unused ones, as envd's budget does).
 
 Prints a table; last line: {"pulls_affinity": a, "pulls_least_loaded": b, ...}.
 Usage: .venv/bin/python benchmarks/image_placement.py [--nodes K] [--tasks T] [--samples N]
@@ -149,31 +149,38 @@ async def main(args: argparse.Namespace) -> dict:
         leases, sizes = synthetic(args.tasks, args.samples, args.epochs, args.concurrency, args.seed)
         source = (f"synthetic run: {args.tasks} tasks x {args.samples} samples x {args.epochs} epochs, "
                   f"{args.concurrency} episodes at once")
+    budgets = [0] if args.disk_images == 0 else [0, args.disk_images]
     srv = start_redis()
     try:
         t0 = time.perf_counter()
-        results = {mode: await replay(srv.url, mode, leases, sizes, args.nodes, args.max_per_node,
-                                      args.disk_images)
-                   for mode in ("affinity", "least_loaded")}
+        results = {(mode, d): await replay(srv.url, mode, leases, sizes, args.nodes, args.max_per_node, d)
+                   for d in budgets for mode in ("affinity", "least_loaded")}
         seconds = time.perf_counter() - t0
     finally:
         srv.stop()
     gb = 1e9
-    rows = [[mode, len(leases), r.pulls, round(r.bytes / gb, 1), r.evictions, r.waits,
-             " ".join(str(v) for v in r.per_node.values())] for mode, r in results.items()]
-    table = markdown_table(["placement", "leases", "pulls", "GB pulled", "evictions", "waits", "pulls per node"], rows)
+    rows = [[mode, f"{d} images" if d else "none", len(leases), r.pulls, round(r.bytes / gb, 1), r.evictions,
+             r.waits, " ".join(str(v) for v in r.per_node.values())] for (mode, d), r in results.items()]
+    table = markdown_table(["placement", "disk budget per node", "leases", "pulls", "GB pulled", "evictions",
+                            "waits", "pulls per node"], rows)
     print(table)
-    a, b = results["affinity"], results["least_loaded"]
+    a, b = results[("affinity", 0)], results[("least_loaded", 0)]
     summary = {"pulls_affinity": a.pulls, "pulls_least_loaded": b.pulls,
                "bytes_affinity": a.bytes, "bytes_least_loaded": b.bytes,
                "pull_ratio": round(a.pulls / max(1, b.pulls), 3), "leases": len(leases),
                "images": len(sizes), "nodes": args.nodes, "max_per_node": args.max_per_node,
                "disk_images": args.disk_images, "seconds": round(seconds, 2)}
-    notes = (f"{source}; {args.nodes} nodes, pool.max_per_node {args.max_per_node}"
-             + (f", at most {args.disk_images} images per node (LRU)" if args.disk_images else ", no disk budget")
+    if args.disk_images:
+        ab, bb = results[("affinity", args.disk_images)], results[("least_loaded", args.disk_images)]
+        summary.update(pulls_affinity_budget=ab.pulls, pulls_least_loaded_budget=bb.pulls,
+                       bytes_affinity_budget=ab.bytes, bytes_least_loaded_budget=bb.bytes)
+    notes = (f"{source}; {args.nodes} nodes, pool.max_per_node {args.max_per_node}; without a disk budget"
+             + (f" and with at most {args.disk_images} images per node (LRU among the unused, as "
+                "envd.image_budget does)" if args.disk_images else "")
              + ". Each lease is placed by the pool's reserve script on a private redis-server; a pull "
                "is counted when the chosen node lacks the image, which then arrives at once "
-               "(recorded by envd's ImageIndex). Least-loaded = pool.image_affinity false.")
+               "(recorded by envd's ImageIndex). Least-loaded = pool.image_affinity false. "
+               "Summary keys without a suffix are the no-budget run.")
     if not args.no_record:
         record("image_placement", table, summary, notes)
     return summary
@@ -187,7 +194,8 @@ if __name__ == "__main__":
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=48, help="episodes at once over the cluster")
     p.add_argument("--max-per-node", type=int, default=16)
-    p.add_argument("--disk-images", type=int, default=0, help="images a node keeps (0: no budget)")
+    p.add_argument("--disk-images", type=int, default=40,
+                   help="also replay with each node keeping at most this many images (0: only without a budget)")
     p.add_argument("--leases", help="JSONL of recorded leases: image, start_s, duration_s[, size_bytes]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md alone")
