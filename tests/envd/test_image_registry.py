@@ -127,6 +127,18 @@ async def test_a_registry_that_is_down_is_an_infrastructure_failure_with_the_rea
         assert await aredis.hgetall(keys.image_nodes(image)) == {}  # no pulling mark left behind
         status = await client.status()
         assert status["leases"] == 0
+        # an actor counts it as infrastructure (its job is retried), never as a -1
+        from actors.config import ActorConfig
+        from actors.episode import EpisodeJob
+        from actors.leased import LeasedEpisodes
+        from actors.protocols import InfraError
+
+        episodes = LeasedEpisodes(ActorConfig(), client, owner="t", tokenizer=None, traj_dir=None)
+        job = EpisodeJob("j", {"instance_id": "t1", "image_name": image}, "g", 0)
+        with pytest.raises(InfraError) as infra:
+            async with episodes._lease(job):
+                pass
+        assert infra.value.reason == "image_pull_failed" and "connection refused" in infra.value.detail.lower()
     finally:
         await client.aclose()
 
