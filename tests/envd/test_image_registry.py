@@ -332,3 +332,19 @@ async def test_a_registry_that_hangs_fails_the_pull_within_its_bound(image_nodes
         for s in held:
             s.close()
         srv.close()
+
+
+async def test_pulls_on_a_node_wait_for_a_free_pull_slot(image_nodes, tiny_images) -> None:
+    images = tiny_images(3, payload_mb=6)
+    (a,) = image_nodes(only=["node-a"], sets=["envd.max_concurrent_pulls=1"])
+    node = EnvdClient.node(a.url, a.token)
+    try:
+        got = await asyncio.gather(*(node.pull(image) for image in images))
+    finally:
+        await node.aclose()
+    assert all(g["pulled"] for g in got)
+    events = [(line.split("pull_")[1].split()[0].strip('",:'), image)
+              for line in a.log().splitlines() for image in images
+              if image in line and ("pull_started" in line or "pull_done" in line)]
+    assert [e for e, _ in events] == ["started", "done"] * 3, events  # one at a time
+    assert metric(a, "envd_image_pulls_total", result="ok") == 3
