@@ -119,7 +119,7 @@ class Bench:
         envd_port, pool_port = free_port(), free_port()
         auth = {"Authorization": f"Bearer {self.tokens['envd']}"}
         envd = self.procs.start("envd", [*exe, "envd", "serve", "--port", str(envd_port), "-c", cfg,
-                                         "--node-id", "bench-node"])
+                                         "--node-id", f"bench-{secrets.token_hex(3)}"])  # reaps only its own
         wait_http(f"http://127.0.0.1:{envd_port}/healthz", envd, 120, headers=auth)
         pool = self.procs.start("pool", [*exe, "pool", "serve", "--port", str(pool_port), "-c", cfg,
                                          "--exec-urls", f"http://127.0.0.1:{envd_port}"])
