@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test chaos images lint bench bench-async clean
+.PHONY: setup demo test chaos images fuzz lint bench bench-async clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,11 @@ chaos: setup
 # same paths with tiny images: tests/envd/test_image_registry.py)
 images: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m registry tests/envd $(ARGS)
+
+# bad input from schemas and strategies (marker `fuzz`): `make test` runs them with a few examples
+# each (SWARL_FUZZ_EXAMPLES=15), this runs them with many more
+fuzz: setup
+	SWARL_FUZZ_EXAMPLES=$${SWARL_FUZZ_EXAMPLES:-300} .venv/bin/python -m pytest -q -p no:cacheprovider -m fuzz tests $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .

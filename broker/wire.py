@@ -10,6 +10,7 @@ sample_id · episode_id · masked / mask_reason.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,24 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 _BYTES_PER_TOKEN = _I32.itemsize + _U8.itemsize + _F32.itemsize
 
 
+def _check_values(m: dict[str, Any], tokens: np.ndarray, loss_mask: np.ndarray, logprobs: np.ndarray) -> None:
+    """What a writer other than swarl's encoder could get wrong and the learner would train on
+    (or crash on): checked where entries are read, so a bad one is dead-lettered."""
+    if tokens.size and int(tokens.min()) < 0:
+        raise WireError(f"tokens: negative token id {int(tokens.min())}")
+    if loss_mask.size and int(loss_mask.max()) > 1:
+        raise WireError(f"loss_mask: value {int(loss_mask.max())} (expected 0 or 1)")
+    if not np.isfinite(logprobs).all():
+        raise WireError("rollout_logprobs: not finite (nan or inf)")
+    if not math.isfinite(m["reward"]):
+        raise WireError(f"reward: {m['reward']} is not finite")
+    for k, v in m["metrics"].items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise WireError(f"metrics.{k}: expected a finite number, got {v!r}"[:200])
+    if not all(isinstance(v, str) for v in m["weight_versions"]):
+        raise WireError("weight_versions: expected a list of strings")
+
+
 def decode(data: bytes) -> Sample:
     if len(data) < _HEAD.size:
         raise WireError(f"frame: {len(data)} bytes is shorter than the {_HEAD.size}-byte header")
@@ -152,6 +171,7 @@ def decode(data: bytes) -> Sample:
     tokens = np.frombuffer(data, _I32, n, off)
     loss_mask = np.frombuffer(data, _U8, n, off + 4 * n)
     logprobs = np.frombuffer(data, _F32, n, off + 5 * n)
+    _check_values(m, tokens, loss_mask, logprobs)
     return Sample(
         tokens=tokens, loss_mask=loss_mask, rollout_logprobs=logprobs,
         prompt_len=m["prompt_len"], reward=float(m["reward"]), group_id=m["group_id"],

@@ -3,11 +3,37 @@ serves (docs/envd.md), plus swarl's extras (additional fields only, never rename
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 DIFF_TIMEOUT_S = 120  # envd bounds `git diff` (the /container/diff call) by this many seconds
+
+# Docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest],
+# or an image id (sha256:<hex>). Checked here so a malformed name is a 422 naming `image`, not an
+# engine error.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_REFERENCE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+_IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+
+
+def _image_reference(v: str) -> str:
+    if len(v) > 512 or not (_REFERENCE.match(v) or _IMAGE_ID.match(v)):
+        raise ValueError(f"{v[:100]!r} is not a Docker image reference ([registry/]name[:tag][@digest], lowercase)")
+    return v
+
+
+ImageRef = Annotated[str, Field(min_length=1), AfterValidator(_image_reference)]
+_NODE_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(?::[0-9]{1,5})?/?$")
+
+
+def _node_url(v: str) -> str:
+    if not _NODE_URL.match(v):
+        raise ValueError(f"{v[:100]!r} is not an envd node URL (http[s]://host:port)")
+    return v
 
 
 class _Req(BaseModel):
@@ -16,7 +42,7 @@ class _Req(BaseModel):
 
 
 class CreateReq(_Req):
-    image: str = Field(min_length=1)
+    image: ImageRef
     cwd: str = "/testbed"
     timeout: float = Field(120, gt=0, description="Bound on creating the container (s).")
     lease: str | None = Field(None, description="swarl: lease id for the swarl.lease label.")
@@ -54,11 +80,11 @@ class ContainerReq(_Req):
 
 
 class PullReq(_Req):
-    image: str = Field(min_length=1, description="swarl: the image to have on this node (pulled when missing).")
+    image: ImageRef = Field(description="swarl: the image to have on this node (pulled when missing).")
 
 
 class AllocateReq(_Req):
-    image: str = Field(min_length=1)
+    image: ImageRef
     instance_id: str = ""
     wait_s: float | None = Field(None, ge=0, description="swarl: how long to wait for capacity.")
     owner: str = Field("", description="swarl: who holds the lease (actor id), for /status.")
@@ -88,4 +114,4 @@ class PoolEvaluateReq(LeaseReq):
 
 
 class NodeReq(_Req):
-    url: str = Field(min_length=1)
+    url: Annotated[str, Field(min_length=1), AfterValidator(_node_url)]

@@ -21,10 +21,10 @@ def make_sample(n: int = 8, **kw) -> Sample:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    toks=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=300),
+    toks=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=300),  # token ids are never negative
     reward=st.floats(allow_nan=False, allow_infinity=False, width=32),
     versions=st.lists(st.text(max_size=5), max_size=4),
-    metrics=st.dictionaries(st.text(max_size=10), st.floats(allow_nan=False, width=32), max_size=4),
+    metrics=st.dictionaries(st.text(max_size=10), st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=4),
     status=st.sampled_from(["completed", "truncated", "aborted", "failed"]),
     masked=st.booleans(),
 )
