@@ -81,7 +81,8 @@ class Keys:
         return f"{self.base}:servers"
 
     def server(self, server_id: str) -> str:
-        """Hash: url, version, state (starting/ready/draining/updating/failed), heartbeat, error."""
+        """Hash: url, version, state (starting/ready/draining/updating/failed), heartbeat, error,
+        lease_until (the coordinator's draining/updating lease, Redis time)."""
         return f"{self.base}:server:{server_id}"
 
     def server_pins(self, server_id: str) -> str:
