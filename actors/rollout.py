@@ -18,7 +18,7 @@ from actors.leased import LeasedEpisodes
 from actors.prm import HttpJudge
 from actors.protocols import InfraError
 from actors.runtime import ActorRuntime
-from broker.keys import PIN_TTL_S
+from broker.keys import PIN_TTL_S, SERVER_TTL_S
 from common.logs import get_logger
 
 log = get_logger("actors.rollout")
@@ -55,6 +55,9 @@ class Rollouts:
                                        judge=self.judge)
         self.running = 0
         self.totals: Counter[str] = Counter()
+        # server id -> until when this actor does not pin it: it refused connections (killed?)
+        # while its registry entry stays fresh for up to SERVER_TTL_S
+        self.unreachable: dict[str, float] = {}
 
     async def warm_up(self) -> None:
         """Import the heavy modules and load the tokenizer off the event loop before taking
@@ -78,7 +81,10 @@ class Rollouts:
         min_version = max(0, current - self.rt.admission.max_staleness)
         deadline = time.monotonic() + self.a.pin_wait_s
         while True:
-            server = await self.servers.pin(pin_id, min_version=min_version, ttl_s=PIN_TTL_S)
+            now = time.monotonic()
+            avoid = {sid for sid, until in self.unreachable.items() if until > now}
+            server = await self.servers.pin(pin_id, min_version=min_version, ttl_s=PIN_TTL_S,
+                                            exclude=avoid)
             if server is not None:
                 return server
             if time.monotonic() >= deadline:
@@ -153,6 +159,8 @@ class Rollouts:
             return {"reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,
                     "samples": len(ep.samples), "version": version}
         except InfraError as e:
+            if e.reason == "inference_unreachable" and server is not None:
+                self.unreachable[server.id] = time.monotonic() + SERVER_TTL_S
             self.totals["infra_failures"] += 1
             self.totals[f"infra:{e.reason}"] += 1
             with contextlib.suppress(Exception):

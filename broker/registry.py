@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -274,10 +275,12 @@ class ServerRegistry:
         pipe.delete(self.keys.server(server_id), self.keys.server_pins(server_id))
         await pipe.execute()
 
-    async def pin(self, pin_id: str, min_version: int = 0, ttl_s: float = PIN_TTL_S) -> ServerInfo | None:
+    async def pin(self, pin_id: str, min_version: int = 0, ttl_s: float = PIN_TTL_S,
+                  exclude: Collection[str] = ()) -> ServerInfo | None:
         """Bind an episode to the ready policy server with the newest version (>= min_version),
-        then the fewest live pins. None when no server qualifies (a prm server never does)."""
-        ids = await self._ids()
+        then the fewest live pins. None when no server qualifies (a prm server never does).
+        `exclude`: servers the caller just found unreachable (still fresh in the registry)."""
+        ids = [i for i in await self._ids() if i not in exclude]
         sid = await self._pin(keys=self._server_keys(ids),
                               args=[pin_id, min_version, ttl_s, SERVER_TTL_S, *ids])
         if not sid:

@@ -32,6 +32,7 @@ async def test_a_dead_coordinators_drain_lapses(aredis, keys, tmp_path):
     # ... and takes a lapsed one over, while actors pin it meanwhile at the version it reports
     plan = coord._plan(s, 4)
     assert plan is not None and plan[1] == 4
+    assert await servers.pin("e2", min_version=3, exclude={"s1"}) is None  # an actor found it dead
     pinned = await servers.pin("e2", min_version=3)
     assert pinned is not None and pinned.id == "s1" and pinned.version == 3
 
