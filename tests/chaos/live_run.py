@@ -165,10 +165,10 @@ class LiveRun:
         finally:
             r.close()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         r = self.redis()
         try:
-            return {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()}
+            return {k.decode(): float(v) for k, v in r.hgetall(KEYS.stats).items()}
         finally:
             r.close()
 
