@@ -60,3 +60,35 @@ def test_a_child_without_a_policy_or_stopped_on_purpose(tmp_path):
         _until(lambda: not bare.alive())
         with pytest.raises(RuntimeError, match="bare exited with -9"):
             group.supervise()
+
+
+def test_the_demo_restarts_its_redis_from_the_aof(tmp_path):
+    import redis as redis_sync
+
+    from common.services import start_redis
+    from swarl.demo import Demo, DemoOptions
+
+    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run")))
+    demo.redis = start_redis(tmp_path / "redis", appendonly=True)
+    try:
+        r = redis_sync.Redis(port=demo.redis.port)
+        r.set("kept", "1")
+        time.sleep(1.2)  # past one appendfsync everysec
+        demo.redis.kill()
+        demo.supervise()
+        assert demo.redis.proc.poll() is None and demo.redis_restarts == 1
+        assert "restarted from its AOF" in demo.events[-1]
+        _until(lambda: _answers(r))
+        assert r.get("kept") == b"1"
+        r.close()
+        demo.supervise()  # alive: nothing to do
+        assert demo.redis_restarts == 1
+    finally:
+        demo.close()
+
+
+def _answers(r) -> bool:
+    try:
+        return bool(r.ping())
+    except Exception:
+        return False
