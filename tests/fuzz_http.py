@@ -26,12 +26,15 @@ def settings(examples: int = FUZZ_EXAMPLES) -> Any:
 
 
 def error_of(resp: Any) -> str:
-    """The error text of a swarl error answer ({ok: false, error} or SGLang's {error: {message}})."""
+    """The error text of a swarl error answer ({ok: false, error}, SGLang's {error: {message}} or
+    {success: false, message}, OpenAI's {object: "error", message})."""
     try:
         body = resp.json()
     except ValueError:
         return resp.text
     err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(body, dict) and (body.get("object") == "error" or body.get("success") is False):
+        err = body.get("message")  # OpenAI's shape; SGLang's weight-update answers
     if isinstance(err, dict):
         err = err.get("message")
     return err if isinstance(err, str) else ""
