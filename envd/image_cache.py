@@ -171,7 +171,8 @@ class ImageCache:
             info = await asyncio.wait_for(asyncio.shield(task), self.cfg.pull_timeout_s + 5)
         except TimeoutError:
             raise PullFailed(f"pull of {image} did not finish within {self.cfg.pull_timeout_s:g}s") from None
-        return PullInfo(image, pulled=True, seconds=time.monotonic() - t0, bytes=info.bytes, joined=joined)
+        return PullInfo(image, pulled=info.pulled, seconds=time.monotonic() - t0, bytes=info.bytes,
+                        joined=joined)
 
     def _landed(self, image: str, task: asyncio.Task[PullInfo]) -> None:
         self._flights.pop(image, None)
