@@ -22,7 +22,7 @@ images: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m registry tests/envd $(ARGS)
 
 # bad input from schemas and strategies (marker `fuzz`): `make test` runs them with a few examples
-# each (SWARL_FUZZ_EXAMPLES=15), this runs them with many more
+# each (SWARL_FUZZ_EXAMPLES=10), this runs them with many more
 fuzz: setup
 	SWARL_FUZZ_EXAMPLES=$${SWARL_FUZZ_EXAMPLES:-300} .venv/bin/python -m pytest -q -p no:cacheprovider -m fuzz tests $(ARGS)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-FUZZ_EXAMPLES = int(os.environ.get("SWARL_FUZZ_EXAMPLES", "15"))
+FUZZ_EXAMPLES = int(os.environ.get("SWARL_FUZZ_EXAMPLES", "10"))
 
 
 def settings(examples: int = FUZZ_EXAMPLES) -> Any:
