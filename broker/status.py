@@ -39,7 +39,7 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
     now_bucket = int(time.time()) // RATE_BUCKET_S
     buckets = await reply(redis.hmget(keys.samples_rate, [str(now_bucket - i) for i in range(1, 6)]))
     per_min = sum(int(b or 0) for b in buckets) / 5 / (RATE_BUCKET_S / 60)
-    stats = {_s(k): int(v) for k, v in (await reply(redis.hgetall(keys.stats))).items()}
+    stats = {_s(k): _number(v) for k, v in (await reply(redis.hgetall(keys.stats))).items()}
     learner = {_s(k): _s(v) for k, v in (await reply(redis.hgetall(keys.learner_state))).items()}
     return {
         "run": keys.run,
@@ -100,3 +100,9 @@ def render(st: dict[str, Any]) -> Any:
 
 def to_json(st: dict[str, Any]) -> str:
     return json.dumps(st, default=str)
+
+
+def _number(v: bytes | str) -> int | float:
+    """A stats field: a counter (HINCRBY) or a float total (HINCRBYFLOAT, e.g. rollout_busy_s)."""
+    f = float(v)
+    return int(f) if f.is_integer() else f

@@ -352,8 +352,8 @@ class Demo:
                 f"{p.name}:{p.state()}" + (f"(restarted {len(p.restarts)}x)" if p.restarts else "")
                 for p in self.procs.procs))
             if stale_s > STATUS_STALE_S:
-                t.add_row("redis", f"[bold red]unreachable for {stale_s:.0f}s[/] (clients retry; "
-                          f"redis.outage_s={cfg.redis.outage_s:g})")
+                t.add_row("status", f"[bold red]not read for {stale_s:.0f}s[/] (Redis away? clients "
+                          f"retry for redis.outage_s={cfg.redis.outage_s:g}s)")
             for event in self.events[-4:]:
                 t.add_row("supervision", event)
             return t

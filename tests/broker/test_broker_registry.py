@@ -135,8 +135,11 @@ async def test_status_shows_the_policy_and_prm_pools(aredis, keys):
     await reg.register("pol-0", "http://p0", 0, meta=META, state="ready")
     await reg.register("judge-0", "http://j0", 0, meta=ServerMeta(kind="sglang", tp_size=1, role="prm"),
                        state="ready")
+    await aredis.hincrby(keys.stats, "samples_written", 3)
+    await aredis.hincrbyfloat(keys.stats, "rollout_busy_s", 1.25)  # a float total reads too
     st = await gather(aredis, keys, ReplayConfig(), AdmissionConfig())
     assert {s["id"]: s["role"] for s in st["servers"]} == {"pol-0": "policy", "judge-0": "prm"}
+    assert st["stats"]["samples_written"] == 3 and st["stats"]["rollout_busy_s"] == 1.25
     console = Console(record=True, width=200)
     console.print(render(st))
     text = console.export_text()
