@@ -178,6 +178,6 @@ def decode(data: bytes) -> Sample:
         sample_index=m["sample_index"], instance_id=m["instance_id"],
         policy_version=m["policy_version"], weight_versions=list(m["weight_versions"]),
         status=m["status"], step_index=m["step_index"], steps_total=m["steps_total"],
-        masked=m["masked"], mask_reason=m["mask_reason"], metrics=dict(m["metrics"]),
+        masked=m["masked"], mask_reason=m["mask_reason"], metrics={k: float(v) for k, v in m["metrics"].items()},
         sample_id=m["sample_id"], episode_id=m["episode_id"],
     )
