@@ -16,7 +16,7 @@ from actors.config import ActorConfig
 from actors.encoding import ChatEncoder
 from actors.metrics import episode_metrics
 from actors.prm import StepJudge, StepScore, prm_metrics
-from actors.protocols import Env, EvalOutcome, InfraError, Policy
+from actors.protocols import Env, EvalOutcome, Policy
 from actors.reward import outcome_reward, prm_episode_reward, prm_step_rewards
 from actors.templates import PromptTemplates
 from broker.wire import Sample
@@ -105,8 +105,10 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
             t1 = time.monotonic()
             evaluation = await env.evaluate(res.patch, cfg.eval_timeout_s)
             eval_time = time.monotonic() - t1
-            if evaluation.timed_out:
-                raise InfraError("eval_timeout", evaluation.error or "evaluation timed out")
+            # Tests that outlive actor.eval_timeout_s are the patch's doing as far as the reward
+            # knows (SWE-bench's harness grades a timeout unresolved): a patch that makes the tests
+            # hang must earn -1, not an infrastructure retry that ends masked. envd not answering
+            # at all is still an InfraError (raised by the env).
         # the judge's last votes ran during the evaluation; wait for the rest, bounded
         scores = await agent.judge.collect() if agent.judge is not None else []
     finally:
@@ -138,6 +140,7 @@ async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
         length_truncated_turns=sum(1 for s in steps if s.finish == "length"),
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
         reward_hack_attempts=float(hack),
+        eval_timed_out=float(bool(evaluation and evaluation.timed_out)),
         masked=float(masked))
     if agent.judge is not None:
         metrics.update(prm_metrics(scores, len(steps)), outcome_reward=outcome)

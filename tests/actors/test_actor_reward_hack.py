@@ -60,3 +60,24 @@ def test_the_learner_logs_the_count() -> None:
     out = agent_metrics(batch)  # type: ignore[arg-type]
     assert out["agent/reward_hack_attempts"] == 2.0 and out["agent/reward_hack_attempts_max"] == 1.0
     assert "agent/turns" not in out
+
+
+async def test_a_patch_that_hangs_the_tests_is_minus_one(tiny_model_dir, redis_url, pool_server, tmp_path,
+                                                         test_image):
+    """Tests that outlive actor.eval_timeout_s are graded unresolved (SWE-bench's harness does the
+    same), not an infrastructure failure: retried, then masked, that spared the agent its -1."""
+    hang = "printf 'import time\\ntime.sleep(3600)\\n' >> calc.py"
+    row = {**calc_row(TEST_IMAGE, 7, "fix"), "swarl_fix_command": hang}
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs")
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key, **{"actor.eval_timeout_s": "8"}))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        res = await ro.run(payload(row))
+        assert "masked" not in res, res
+        assert res["resolved"] is False and res["reward"] == -1.0, res
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.stop()
