@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test chaos images fuzz lint bench bench-async clean
+.PHONY: setup demo test long chaos images fuzz lint bench bench-async clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,7 +10,12 @@ demo: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
-	.venv/bin/python -m pytest -q -p no:cacheprovider $(ARGS)
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 $(ARGS)
+
+# the whole-system runs of several minutes (marker `long`): the tiny-model whole loop, the quick
+# async-vs-sync benchmark, every bundled task graded under the reward-hack defences
+long: setup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m long tests $(ARGS)
 
 # fault injection on live runs (tests/chaos, marker `chaos`; `make test` runs only their fast checks)
 chaos: setup

@@ -135,6 +135,7 @@ def _official_resolved(log: str) -> bool:
     return get_resolution_status(report) == ResolvedStatus.FULL.value
 
 
+@pytest.mark.long  # the hacks resolving under the official harness's reading: make long
 @pytest.mark.timeout(600)
 def test_the_hacks_work_without_the_defence(docker_client: Any, image: str, api: httpx.Client, agent: str) -> None:
     working = {k: _patch_of(api, agent, cmd) for k, (cmd, works) in HACKS.items() if works}
@@ -184,6 +185,7 @@ def test_gold_still_resolves_and_empty_does_not(api: httpx.Client, agent: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 32 tasks x 3 gradings; make test grades one task per hack kind
 @pytest.mark.timeout(1200)
 def test_every_bundled_task_grades_right_with_the_defences(api: httpx.Client, task_images: dict[str, str]) -> None:
     """Through envd's defended grader (refusal, pristine infrastructure, framed log, reaping) in

@@ -60,7 +60,7 @@ async def test_heartbeats_carry_the_version_and_wake_beats_at_once(redis_url, ar
 async def test_redis_away_at_start_then_back_then_gone_again(redis_factory, keys, tmp_path):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    fast = RedisConfig(url=url, retries=0, connect_timeout_s=0.5, socket_timeout_s=1.0)
+    fast = RedisConfig(url=url, outage_s=0.1, connect_timeout_s=0.5, socket_timeout_s=1.0)
     member = Membership(url, keys, "s1", "http://s1", META, lambda: "0", heartbeat_s=0.2, redis_cfg=fast)
     t0 = time.monotonic()
     async with member:  # Redis not there: entering does not fail, and is bounded

@@ -12,7 +12,7 @@ import sys
 import pytest
 from system_helpers import REPO, swarl_env
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 
 def test_async_vs_sync_quick(docker_url, tmp_path) -> None:

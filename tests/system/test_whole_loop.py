@@ -146,6 +146,7 @@ async def check_invariants(o: Outcome, max_staleness: int) -> list[tuple[int, li
     return steps
 
 
+@pytest.mark.long  # make test keeps the synchronous whole loop below
 async def test_whole_loop_tiny_model(redis_url, envd_factory, pool_factory, cpu_server_factory,
                                      tiny_model_dir, test_image, tmp_path) -> None:
     """CPU servers on the tiny model (real sampling, real weight loads), max_staleness 1."""
