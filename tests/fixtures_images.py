@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.procs import terminate
 from common.services import docker_answers, free_port, wait_port
 
 __all__ = ["DockerNode", "Registry", "auth_registry", "docker_nodes", "image_nodes", "registry", "tiny_images"]
@@ -60,13 +61,7 @@ class Registry:
     password: str | None = None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc, timeout=10)
 
 
 @dataclass

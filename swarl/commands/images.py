@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -30,22 +30,10 @@ def build_tasks(
 
     from common.services import ensure_docker
     from envd.images import build_task_images, ensure_base_image
-    from envd.tasks import load_tasks
     from swarl.cliutil import load
 
     load(config, sets)
-    try:
-        tasks = load_tasks(split)
-    except ValueError as e:
-        typer.echo(f"swarl: {e}", err=True)
-        raise typer.Exit(2) from None
-    if only:
-        known = {t["instance_id"] for t in tasks}
-        unknown = [i for i in only if i not in known]
-        if unknown:
-            typer.echo(f"swarl: --only: no bundled task {', '.join(unknown)} in split {split!r}", err=True)
-            raise typer.Exit(2)
-        tasks = [t for t in tasks if t["instance_id"] in only]
+    tasks = _bundled_tasks(split, only)
     client = docker.DockerClient(base_url=ensure_docker(), timeout=600)
     try:
         ensure_base_image(client, force=rebuild_base)
@@ -162,7 +150,6 @@ def push(
     import docker
 
     from common.services import ensure_docker
-    from envd.tasks import load_tasks
     from swarl.cliutil import load
     from swarl.prefetch import push_images
 
@@ -171,6 +158,19 @@ def push(
     if not registry:
         typer.echo("swarl: give --registry (or envd.registry)", err=True)
         raise typer.Exit(2)
+    tasks = _bundled_tasks(split, only)
+    client = docker.DockerClient(base_url=ensure_docker(), timeout=600)
+    try:
+        failed = push_images(client, tasks, registry, cfg.envd.registry_username, cfg.envd.registry_password)
+    finally:
+        client.close()
+    raise typer.Exit(1 if failed else 0)
+
+
+def _bundled_tasks(split: str, only: list[str] | None) -> list[dict[str, Any]]:
+    """The split's bundled tasks, or those named by --only (exit 2 naming any that is not there)."""
+    from envd.tasks import load_tasks
+
     try:
         tasks = load_tasks(split)
     except ValueError as e:
@@ -182,9 +182,4 @@ def push(
             typer.echo(f"swarl: --only: no bundled task {', '.join(unknown)} in split {split!r}", err=True)
             raise typer.Exit(2)
         tasks = [t for t in tasks if t["instance_id"] in only]
-    client = docker.DockerClient(base_url=ensure_docker(), timeout=600)
-    try:
-        failed = push_images(client, tasks, registry, cfg.envd.registry_username, cfg.envd.registry_password)
-    finally:
-        client.close()
-    raise typer.Exit(1 if failed else 0)
+    return tasks
