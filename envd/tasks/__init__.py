@@ -1,5 +1,8 @@
-"""The bundled SWE task suite: SWE-bench-format rows (envd/tasks/tasks.jsonl) generated from
-small repositories (envd/tasks/repos/<repo>/) and their bug specs (envd/tasks/repos/<repo>.yaml)."""
+"""The bundled SWE task suites, as SWE-bench-format rows:
+- `bundled` (envd/tasks/tasks.jsonl): 32 hand-written bugs in 8 small repositories
+  (envd/tasks/repos/<repo>/ and their bug specs envd/tasks/repos/<repo>.yaml);
+- `generated` (envd/tasks/generated.jsonl): instances that must be read, one repository each,
+  names and lines drawn per instance (envd/tasks/generated.py) — the demo's suite."""
 
 from __future__ import annotations
 
@@ -8,41 +11,53 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-TASKS_JSONL = Path(__file__).resolve().parent / "tasks.jsonl"
+_DIR = Path(__file__).resolve().parent
+TASKS_JSONL = _DIR / "tasks.jsonl"
+SUITES = {"bundled": TASKS_JSONL, "generated": _DIR / "generated.jsonl"}
 SPLITS = ("all", "train", "heldout")
+GENERATED_SPLITS = ("all", "train", "heldout", "heldout_family")
 
 
-@lru_cache(maxsize=1)
-def _rows() -> tuple[str, ...]:
-    return tuple(line for line in TASKS_JSONL.read_text().splitlines() if line.strip())
+@lru_cache(maxsize=2)
+def _rows(suite: str) -> tuple[str, ...]:
+    return tuple(line for line in SUITES[suite].read_text().splitlines() if line.strip())
 
 
-def load_tasks(split: str = "all") -> list[dict[str, Any]]:
-    """The bundled tasks as SWE-bench-format rows (FAIL_TO_PASS / PASS_TO_PASS as JSON
+def load_tasks(split: str = "all", suite: str = "bundled") -> list[dict[str, Any]]:
+    """A suite's tasks as SWE-bench-format rows (FAIL_TO_PASS / PASS_TO_PASS as JSON
     strings, as in SWE-bench) plus eval_script, image_name, log_parser and swarl_* fields.
-    `split`: "all", "train" (3 per bug family) or "heldout" (1 per family)."""
-    if split not in SPLITS:
-        raise ValueError(f"split: must be one of {', '.join(SPLITS)}, got {split!r}")
-    rows = [json.loads(line) for line in _rows()]
+    `split` for `bundled`: "all", "train" (3 per bug family) or "heldout" (1 per family); for
+    `generated` also "heldout_family" (bug families training never sees)."""
+    if suite not in SUITES:
+        raise ValueError(f"suite: must be one of {', '.join(SUITES)}, got {suite!r}")
+    splits = GENERATED_SPLITS if suite == "generated" else SPLITS
+    if split not in splits:
+        raise ValueError(f"split: must be one of {', '.join(splits)} for suite {suite}, got {split!r}")
+    rows = [json.loads(line) for line in _rows(suite)]
     return [r for r in rows if split == "all" or r["swarl_split"] == split]
 
 
 def get_task(instance_id: str) -> dict[str, Any]:
-    for row in load_tasks():
-        if row["instance_id"] == instance_id:
-            return row
+    for suite in SUITES:
+        for row in load_tasks(suite=suite):
+            if row["instance_id"] == instance_id:
+                return row
     raise KeyError(f"instance_id: no bundled task {instance_id!r}")
 
 
 def task_files(instance_id: str) -> dict[str, str]:
     """The files of the task's repository at its base commit (with the bug)."""
     from envd.tasks.generate import buggy_files
+    from envd.tasks.generated import instance_files
     from envd.tasks.specs import load_specs
 
     for spec in load_specs():
         if spec.instance_id == instance_id:
             return buggy_files(spec)[0]
+    files = instance_files(instance_id)
+    if files is not None:
+        return files
     raise KeyError(f"instance_id: no bundled task {instance_id!r}")
 
 
-__all__ = ["SPLITS", "TASKS_JSONL", "get_task", "load_tasks", "task_files"]
+__all__ = ["GENERATED_SPLITS", "SPLITS", "SUITES", "TASKS_JSONL", "get_task", "load_tasks", "task_files"]

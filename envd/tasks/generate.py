@@ -158,14 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a bad spec file (TaskSpecError) or a spec that does not fit its repo
         print(f"envd.tasks.generate: {e}", file=sys.stderr)
         return 2
-    if "--check" in args:
-        current = TASKS_JSONL.read_text() if TASKS_JSONL.exists() else ""
-        if current != text:
-            print(f"{TASKS_JSONL} is stale: run `python -m envd.tasks.generate`", file=sys.stderr)
+    return write_or_check(TASKS_JSONL, text, "--check" in args, "envd.tasks.generate")
+
+
+def write_or_check(path: Path, text: str, check: bool, module: str) -> int:
+    """Write the rows to `path`, or with `check` exit 1 when `path` differs (stale)."""
+    if check:
+        if (path.read_text() if path.exists() else "") != text:
+            print(f"{path} is stale: run `python -m {module}`", file=sys.stderr)
             return 1
         return 0
-    TASKS_JSONL.write_text(text)
-    print(f"wrote {TASKS_JSONL} ({text.count(chr(10))} tasks)")
+    path.write_text(text)
+    print(f"wrote {path} ({text.count(chr(10))} tasks)")
     return 0
 
 

@@ -18,7 +18,8 @@ images_app = typer.Typer(help="SWE images: naming, local building of the bundled
 @images_app.command("build-tasks")
 def build_tasks(
     only: Annotated[list[str] | None, typer.Option("--only", help="Build only this instance_id (repeatable).")] = None,
-    split: Annotated[str, typer.Option("--split", help="all | train | heldout.")] = "all",
+    split: Annotated[str, typer.Option("--split", help="all | train | heldout (| heldout_family: generated).")] = "all",
+    suite: Annotated[str, typer.Option("--suite", help="bundled (hand-written) | generated (the demo's).")] = "bundled",
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when the cached image's content hash matches.")] = False,
     rebuild_base: Annotated[bool, typer.Option("--rebuild-base", help="Re-run debootstrap for swarl/base:bookworm.")] = False,
     config: ConfigOpt = None,
@@ -33,7 +34,7 @@ def build_tasks(
     from swarl.cliutil import load
 
     load(config, sets)
-    tasks = _bundled_tasks(split, only)
+    tasks = _bundled_tasks(split, only, suite)
     client = docker.DockerClient(base_url=ensure_docker(), timeout=600)
     try:
         ensure_base_image(client, force=rebuild_base)
@@ -70,7 +71,8 @@ def name(
 
 @images_app.command("list-tasks")
 def list_tasks(
-    split: Annotated[str, typer.Option("--split", help="all | train | heldout.")] = "all",
+    split: Annotated[str, typer.Option("--split", help="all | train | heldout (| heldout_family: generated).")] = "all",
+    suite: Annotated[str, typer.Option("--suite", help="bundled (hand-written) | generated (the demo's).")] = "bundled",
 ) -> None:
     """List the bundled tasks: instance_id, split, bug family, image."""
     from envd.tasks import load_tasks
@@ -140,7 +142,8 @@ def push(
     registry: Annotated[str | None, typer.Option(
         "--registry", help="host[:port][/namespace] to push to (default: envd.registry).")] = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Push only this instance_id (repeatable).")] = None,
-    split: Annotated[str, typer.Option("--split", help="all | train | heldout.")] = "all",
+    split: Annotated[str, typer.Option("--split", help="all | train | heldout (| heldout_family: generated).")] = "all",
+    suite: Annotated[str, typer.Option("--suite", help="bundled (hand-written) | generated (the demo's).")] = "bundled",
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -158,7 +161,7 @@ def push(
     if not registry:
         typer.echo("swarl: give --registry (or envd.registry)", err=True)
         raise typer.Exit(2)
-    tasks = _bundled_tasks(split, only)
+    tasks = _bundled_tasks(split, only, suite)
     client = docker.DockerClient(base_url=ensure_docker(), timeout=600)
     try:
         failed = push_images(client, tasks, registry, cfg.envd.registry_username, cfg.envd.registry_password)
@@ -167,12 +170,12 @@ def push(
     raise typer.Exit(1 if failed else 0)
 
 
-def _bundled_tasks(split: str, only: list[str] | None) -> list[dict[str, Any]]:
+def _bundled_tasks(split: str, only: list[str] | None, suite: str = "bundled") -> list[dict[str, Any]]:
     """The split's bundled tasks, or those named by --only (exit 2 naming any that is not there)."""
     from envd.tasks import load_tasks
 
     try:
-        tasks = load_tasks(split)
+        tasks = load_tasks(split, suite=suite)
     except ValueError as e:
         typer.echo(f"swarl: {e}", err=True)
         raise typer.Exit(2) from None

@@ -1,0 +1,130 @@
+"""The generated suite (envd/tasks/generated.py): instances that must be read.
+
+Without Docker: the rows are fresh, valid SWE-bench rows; no fix command, path or function
+name repeats across instances (nothing to memorise); held-out repositories' module paths and
+function names never occur in training (train split or the warm start's practice instances) and held-out families never occur in training.
+In Docker (each instance's own image): the gold patch resolves it, the fix command makes
+exactly the gold change, an empty patch and every wrong fix do not, and the inspection prints
+in the image exactly what the warm start's demonstrations show. `make test` grades one instance
+per family and split; `make long` grades all of them."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from fixtures_tasks import TaskRunner, Variant
+
+from envd.rows import validate_row
+from envd.tasks import load_tasks
+from envd.tasks.generated import (
+    HELDOUT_FAMILIES,
+    TRAIN_FAMILIES,
+    get_instance,
+    inspect_output,
+    main,
+    practice,
+)
+from swarl.demo import PRACTICE
+
+ROWS = load_tasks("all", suite="generated")
+GOLD_IDENTICAL = "@@gold-identical"
+
+
+def test_generated_rows_are_fresh_and_valid() -> None:
+    assert main(["--check"]) == 0, "run `python -m envd.tasks.generated`"
+    for row in ROWS:
+        validate_row(row)
+    assert {r["swarl_split"] for r in ROWS} == {"train", "heldout", "heldout_family"}
+
+
+def test_nothing_to_memorise() -> None:
+    for key in ("swarl_fix_command", "repo", "instance_id"):
+        values = [r[key] for r in ROWS]
+        assert len(set(values)) == len(values), f"{key} repeats across instances"
+    held = [r["swarl_inspect_command"] for r in ROWS if r["swarl_split"] != "train"]
+    assert len(set(held)) == len(held), "a held-out buggy function repeats"
+    targets = [(get_instance(r["instance_id"]).path, get_instance(r["instance_id"]).lineno) for r in ROWS]
+    assert len({p for p, _ in targets}) > len(ROWS) * 0.8, "bug paths should differ per instance"
+    assert len({n for _, n in targets}) >= 8, "bug lines should differ per instance"
+    # the issue text names the function and the symptom, never the file or the line
+    for r in ROWS:
+        inst = get_instance(r["instance_id"])
+        assert inst.fn in r["problem_statement"]
+        assert inst.path not in r["problem_statement"] and f"{inst.lineno}s/" not in r["problem_statement"]
+
+
+def test_heldout_repositories_and_families_are_unseen() -> None:
+    train = [r for r in ROWS if r["swarl_split"] == "train"]
+    held = [r for r in ROWS if r["swarl_split"] != "train"]
+    assert {r["swarl_family"] for r in train} == set(TRAIN_FAMILIES)
+    assert {r["swarl_family"] for r in ROWS if r["swarl_split"] == "heldout"} == set(TRAIN_FAMILIES)
+    assert {r["swarl_family"] for r in ROWS if r["swarl_split"] == "heldout_family"} == set(HELDOUT_FAMILIES)
+    train_text = "\n".join([f for r in train for f in get_instance(r["instance_id"]).files.values()]
+                           + [r["problem_statement"] for r in train])
+    warm = practice(PRACTICE)
+    warm_text = "\n".join(f for i in warm for f in i.files.values())
+    for r in held:  # a held-out repository's module path and buggy function never occur in training
+        inst = get_instance(r["instance_id"])
+        assert inst.path not in {i.path for i in warm}, r["instance_id"]
+        assert not re.search(rf"\b{re.escape(inst.fn)}\b", warm_text), r["instance_id"]
+        assert not re.search(rf"\b{re.escape(inst.fn)}\b", train_text), r["instance_id"]
+        pkg, mod = inst.path.removesuffix(".py").split("/")
+        assert f"from {pkg}.{mod} import" not in train_text, r["instance_id"]
+
+
+def _variants(row: dict[str, Any]) -> list[Variant]:
+    fix = (f"{row['swarl_fix_command']} && git apply -R /tmp/swarl_gold.patch && "
+           f"test -z \"$(git status --porcelain)\" && echo {GOLD_IDENTICAL}")
+    return [Variant("gold", patch=row["patch"]), Variant("empty"),
+            Variant("inspect", command=row["swarl_inspect_command"], evaluate=False),
+            Variant("fix_command", command=fix, evaluate=False, files={"/tmp/swarl_gold.patch": row["patch"]}),
+            *(Variant(f"wrong_{i}", command=c) for i, c in enumerate(row["swarl_wrong_commands"]))]
+
+
+def _check(client: Any, image: str, row: dict[str, Any]) -> list[str]:
+    runner = TaskRunner(client, image)
+    try:
+        results = runner.run(row, _variants(row), timeout_s=600)
+    finally:
+        runner.close()
+    iid, problems = row["instance_id"], []
+    if GOLD_IDENTICAL not in results["fix_command"][1]:
+        problems.append(f"{iid}: swarl_fix_command does not make the gold change:\n{results['fix_command'][1]}")
+    if results["inspect"][1] != inspect_output(get_instance(iid)):
+        problems.append(f"{iid}: the inspection prints {results['inspect'][1]!r} in the image, "
+                        f"the demonstrations show {inspect_output(get_instance(iid))!r}")
+    for name, (report, log) in results.items():
+        if report is not None and report.resolved != (name == "gold"):
+            problems.append(f"{iid} {name}: resolved={report.resolved} error={report.error!r}\n{log[-1200:]}")
+    return problems
+
+
+def _grade(client: Any, rows: list[dict[str, Any]]) -> None:
+    from envd.images import build_task_images
+
+    images = build_task_images(client, rows, progress=False)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(_check, client, image, row) for row, image in zip(rows, images, strict=True)]
+        problems = [p for f in futures for p in f.result()]
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_one_instance_per_family_and_split_graded_in_its_image(docker_client: Any) -> None:
+    seen, sample = set(), []
+    for row in ROWS:
+        if (row["swarl_split"], row["swarl_family"]) not in seen:
+            seen.add((row["swarl_split"], row["swarl_family"]))
+            sample.append(row)
+    _grade(docker_client, sample)
+
+
+@pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_every_generated_instance_graded_in_its_image(docker_client: Any) -> None:
+    _grade(docker_client, ROWS)
