@@ -95,7 +95,8 @@ async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str 
                 versions = sorted({s.weight_version for s in ep.agent.steps})
                 res.update(resolved=ep.resolved, reward=ep.reward, ending=ep.agent.ending,
                            steps=len(ep.agent.steps), traj_dir=ep.traj_dir and str(ep.traj_dir),
-                           weight_versions=versions)
+                           weight_versions=versions, format_errors=ep.agent.format_errors,
+                           patch_chars=len(ep.agent.patch.strip()))
             except InfraError as e:
                 res.update(resolved=False, error=e.reason, detail=e.detail[:500])
             except Exception as e:  # other client errors: recorded, not fatal

@@ -1,11 +1,23 @@
-"""Supervised warm start for the demo: teach a fresh tiny model the agent protocol on
-demonstration trajectories of the train tasks, so that it emits well-formed actions.
+"""Supervised warm start for the demo: teach a fresh tiny model the agent's procedure on the
+generated instances (envd/tasks/generated.py), so that it inspects, edits and submits in
+well-formed actions.
 
-Each train task contributes one demonstration per candidate fix — its gold fix command and its
-plausible wrong ones — each followed by the submit command. Trained on all of them alike, the
-policy starts out choosing among the candidates (resolving roughly 1 in len(candidates)), which
-is what RL then has to sharpen. The sequences are built with the actors' own token-exact
-conversation code, so they are exactly what the agent will see."""
+Each demonstration is three turns: inspect (`grep -rn -A2 'def <fn>(' .`, the function the
+issue names), edit the line the inspection printed in the file that defines the function
+(`sed -i '<line>s/<bad>/<new>/' $(grep -rl 'def <fn>(' .)`), submit. The edit is one of the
+family's plausible edits — the right one and the wrong ones alike — so the warm start teaches
+how to find and change the line, not which change fixes the symptom: that is what RL learns
+from the tests' verdict. Two sources (swarl demo --sft-on):
+- `train` (the demo's default): the train split, one demonstration per plausible edit of each
+  instance. The tiny model learns these instances' lines by heart (it does not copy numbers
+  from what it reads within this budget), so nothing of the procedure carries over to
+  held-out instances; what RL learns (the fix for a symptom) is measured on the train split.
+- `practice`: one demonstration (the family's edits in turn) on each of N new instances drawn
+  like the train split — the procedure without the instances RL trains on. On 2 cores the
+  tiny model did not learn to copy from it (docs/demo.md).
+Held-out instances get no demonstrations. The sequences are built with the actors' own
+token-exact conversation code, so they are exactly what the agent sees, observations included
+(the grep output is what GNU grep prints in the image; a Docker test checks it)."""
 
 from __future__ import annotations
 
@@ -15,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
-FIX_THOUGHT = "THOUGHT: I will fix the line that causes this bug."
+INSPECT_THOUGHT = "THOUGHT: I read the function the issue names."
+FIX_THOUGHT = "THOUGHT: I change the line that causes this bug."
 SUBMIT_THOUGHT = "THOUGHT: The fix is in place, so I submit it."
 
 
@@ -23,26 +36,49 @@ def answer(thought: str, command: str) -> str:
     return f"{thought}\n\n```bash\n{command}\n```"
 
 
-def demonstrations(rows: list[dict[str, Any]], templates: Any, encoder: Any, cwd: str = "/testbed",
-                   step_limit: int = 4, include_wrong: bool = True) -> list[tuple[list[int], list[int]]]:
-    """(ids, loss mask) per demonstration: two turns (fix, submit), mask 1 on the answers."""
+def procedure(row: dict[str, Any], fix: str, inst: Any = None) -> list[tuple[str, str]]:
+    """(answer, observation) per turn of one demonstration on a generated instance."""
+    from envd.tasks.generated import get_instance, inspect_output
+
+    inst = inst or get_instance(row["instance_id"])
+    return [(answer(INSPECT_THOUGHT, row["swarl_inspect_command"]), inspect_output(inst)),
+            (answer(FIX_THOUGHT, fix), ""),
+            (answer(SUBMIT_THOUGHT, SUBMIT), "")]
+
+
+def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/testbed",
+                   step_limit: int = 4, every_edit: bool = False) -> list[tuple[list[int], list[int]]]:
+    """(ids, loss mask) per demonstration, mask 1 on the answers. `rows`: generated train rows,
+    or (demo_row, Instance) pairs of practice instances. Per instance one demonstration, its edit the family's next plausible edit in turn (gold, wrong, wrong,
+    gold, ...); every_edit: one per plausible edit instead."""
     from actors.context import TokenConversation
     from actors.protocols import ExecOutput
 
     out = []
-    for row in rows:
-        commands = [row["swarl_fix_command"]] + (list(row.get("swarl_wrong_commands", [])) if include_wrong else [])
+    turn: dict[str, int] = {}
+    for item in rows:
+        row, inst = (item if isinstance(item, tuple) else (item, None))
+        if row.get("swarl_suite") != "generated":
+            raise ValueError(f"{row['instance_id']}: demonstrations need generated instances "
+                             "(envd/tasks/generated.py), which say how to inspect them")
+        if row["swarl_split"] not in ("train", "practice"):
+            raise ValueError(f"{row['instance_id']}: no demonstrations on held-out instances")
+        edits = [row["swarl_fix_command"], *row["swarl_wrong_commands"]]
+        k = turn.get(row["swarl_family"], 0)
+        turn[row["swarl_family"]] = k + 1
+        fixes = edits if every_edit else [edits[k % len(edits)]]
         variables = {"task": row["problem_statement"], "instance": row, "step_limit": step_limit, "cwd": cwd}
         system, user = templates.render("system", **variables), templates.render("instance", **variables)
-        for cmd in commands:
+        for fix in fixes:
             conv = TokenConversation(encoder, system, user, lambda n: templates.render("context_marker", n_omitted=n))
             mask = [0] * len(conv.prompt)
-            for k, text in enumerate((answer(FIX_THOUGHT, cmd), answer(SUBMIT_THOUGHT, SUBMIT))):
+            turns = procedure(row, fix, inst)
+            for k, (text, observation) in enumerate(turns):
                 ids = [*encoder.tokenize(text), encoder.eos_id]
                 conv.add_answer(ids, [0.0] * len(ids), stopped=True)
                 mask += [0] * len(encoder.gen_prompt) + [1] * len(ids)
-                if k == 0:
-                    conv.add_observation(templates.render("observation", output=ExecOutput(0, "")))
+                if k < len(turns) - 1:
+                    conv.add_observation(templates.render("observation", output=ExecOutput(0, observation)))
                     mask += [0] * len(conv.blocks[-1].observation)
             ids = conv.full_ids()
             assert len(ids) == len(mask), "mask must align with the conversation"

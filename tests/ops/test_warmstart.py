@@ -1,0 +1,53 @@
+"""The demo's warm start teaches the procedure on practice instances: inspect, edit the line the
+inspection printed, submit; each family's plausible edits in turn (so it cannot teach which
+one is right); never on a held-out instance; masks on the answers only."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from transformers import AutoTokenizer
+
+from actors.encoding import ChatEncoder
+from actors.templates import load_templates
+from envd.tasks import load_tasks
+from envd.tasks.generated import demo_row, practice
+from swarl.config import REPO_ROOT
+from swarl.warmstart import SUBMIT, demonstrations
+
+
+@pytest.fixture(scope="module")
+def enc(tiny_model_dir):
+    return ChatEncoder(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_demonstrations_inspect_then_edit_then_submit(enc) -> None:
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    insts = practice(12, seed=3)
+    seqs = demonstrations([(demo_row(i), i) for i in insts], tpl, enc)
+    assert len(seqs) == 12
+    edits = Counter()
+    for (ids, mask), inst in zip(seqs, insts, strict=True):
+        assert len(ids) == len(mask)
+        answered = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        row = demo_row(inst)
+        # in this order: the inspection, one of the plausible edits, the submit command
+        i, j = answered.index(row["swarl_inspect_command"]), answered.index(SUBMIT)
+        edit = next(c for c in [row["swarl_fix_command"], *row["swarl_wrong_commands"]] if c in answered)
+        assert i < answered.index(edit) < j
+        edits[(inst.family.name, edit == row["swarl_fix_command"])] += 1
+        # the grep output (path and line) is an observation: never trained on
+        shown = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+        assert f"./{inst.path}:" in shown and f"./{inst.path}:" not in answered
+    # each family: its edits in turn, the right one a third of the time
+    for fam in {i.family.name for i in insts}:
+        assert edits[(fam, True)] == 1 and edits[(fam, False)] == 2, edits
+
+
+def test_no_demonstration_on_heldout_or_hand_written_rows(enc) -> None:
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    with pytest.raises(ValueError, match="held-out"):
+        demonstrations(load_tasks("heldout", suite="generated")[:1], tpl, enc)
+    with pytest.raises(ValueError, match="generated instances"):
+        demonstrations(load_tasks("train")[:1], tpl, enc)
