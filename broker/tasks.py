@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
@@ -39,7 +41,8 @@ JOB_FUNCTION = "rollout"
 KEEP_RESULT_S = 7 * 24 * 3600
 FINALISE_S = 60  # arq's timeout exceeds swarl's by this much: time to record a timed-out job
 __all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "SwarlWorker", "arq_pool", "arq_redis",
-           "create_worker", "dump_job", "enqueue_jobs", "load_job", "record_failure", "worker_settings"]
+           "create_worker", "dump_job", "enqueue_jobs", "epoch_order", "load_job", "record_failure",
+           "worker_settings"]
 _PICKLE_PROTO = 0x80  # every pickle of protocol >= 2 starts with PROTO 0x80
 
 Rollout = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
@@ -139,21 +142,39 @@ def jobs_for(keys: Keys, instance: dict[str, Any], data_source: str, n_samples: 
             for i in range(n_samples)]
 
 
+def epoch_order(rows: list[Any], epochs: Iterable[int], seed: int | None = 0) -> list[tuple[Any, int]]:
+    """(row, epoch) in the order to enqueue: epoch by epoch, each epoch's rows in their own
+    seeded shuffle (seed None: file order). arq serves its queue oldest first, so file order
+    would hand a run sorted by repository or bug family one kind of task for its first hours;
+    epoch-major, so an instance's next group waits until every instance had one."""
+    out = []
+    for epoch in epochs:
+        order = list(rows)
+        if seed is not None:
+            random.Random(f"{seed}:{epoch}").shuffle(order)
+        out += [(row, epoch) for row in order]
+    return out
+
+
 async def enqueue_jobs(pool: ArqRedis, keys: Keys, jobs: Iterable[Job]) -> tuple[int, int]:
-    """Enqueue; returns (added, skipped). A job whose id is queued, running, done or failed for
-    good is skipped, so enqueueing the same data twice adds nothing."""
+    """Enqueue in the order given (workers take them in that order); returns (added, skipped).
+    A job whose id is queued, running, done or failed for good is skipped, so enqueueing the
+    same data twice adds nothing."""
     jobs = list(jobs)
     if not jobs:
         return 0, 0
+    # arq serves its queue by score (the enqueue time in ms), ties in job-id order: one score
+    # per job, increasing in the order given and none in the future, keeps that order exactly
+    t0 = time.time() * 1000 - len(jobs)
     done = await reply(pool.smismember(keys.jobs_done, [j.job_id for j in jobs]))
     failed = await reply(pool.hmget(keys.jobs_failed, [j.job_id for j in jobs]))
     added = skipped = 0
-    for job, is_done, is_failed in zip(jobs, done, failed, strict=True):
+    for k, (job, is_done, is_failed) in enumerate(zip(jobs, done, failed, strict=True)):
         if is_done or is_failed:
             skipped += 1
             continue
-        res = await pool.enqueue_job(JOB_FUNCTION, job.payload(), _job_id=job.job_id,
-                                     _queue_name=keys.queue)
+        res = await pool.enqueue_job(JOB_FUNCTION, job.payload(), _job_id=job.job_id, _queue_name=keys.queue,
+                                     _defer_until=datetime.fromtimestamp((t0 + k) / 1000, tz=UTC))
         if res is None:
             skipped += 1
         else:

@@ -15,11 +15,15 @@ def enqueue(
     n_samples: Annotated[int, typer.Option("--n-samples", help="Samples per instance (GRPO group size).")] = 8,
     epochs: Annotated[int, typer.Option("--epochs", help="Groups per instance (each a new group id).")] = 1,
     skip_bad: Annotated[bool, typer.Option("--skip-bad/--fail-on-bad", help="Skip malformed rows (reported) or stop.")] = True,
+    shuffle: Annotated[bool, typer.Option("--shuffle/--in-order", help="Each epoch's rows in a seeded shuffle "
+                                          "(arq serves oldest first) or in file order.")] = True,
+    seed: Annotated[int | None, typer.Option("--seed", help="Shuffle seed (default run.seed).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
-    """Enqueue one job per (instance, group, sample index); idempotent (deterministic job ids)."""
-    from broker.tasks import arq_pool, enqueue_jobs, jobs_for
+    """Enqueue one job per (instance, group, sample index), epoch by epoch, each epoch shuffled;
+    idempotent (deterministic job ids)."""
+    from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for
     from common.services import redis_for_command
     from envd.rows import RowError, read_rows
 
@@ -30,14 +34,11 @@ def enqueue(
     async def run(url: str) -> tuple[int, int, int]:
         pool = await arq_pool(url)
         try:
-            added = skipped = rows = 0
-            for row in read_rows(data, errors=errors if skip_bad else None):
-                rows += 1
-                for epoch in range(epochs):
-                    a, s = await enqueue_jobs(pool, keys, jobs_for(keys, row.instance, row.data_source,
-                                                                   n_samples, epoch))
-                    added, skipped = added + a, skipped + s
-            return rows, added, skipped
+            rows = list(read_rows(data, errors=errors if skip_bad else None))
+            order = epoch_order(rows, range(epochs), seed=(cfg.run.seed if seed is None else seed) if shuffle else None)
+            added, skipped = await enqueue_jobs(pool, keys, [
+                j for row, epoch in order for j in jobs_for(keys, row.instance, row.data_source, n_samples, epoch)])
+            return len(rows), added, skipped
         finally:
             await pool.aclose()
 

@@ -53,3 +53,53 @@ def test_status_json(redis_url, tmp_path):
 def test_config_error_exit_code(redis_url):
     r = run(["status", "--set", "admission.batch_size=x"], redis_url)
     assert r.returncode == 2 and "admission.batch_size" in r.stderr
+
+
+def queued_groups(redis_url: str) -> list[str]:
+    """The arq queue oldest first (the order workers take it), as instance:group."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = [k for k in r.keys("*clitest*") if k.endswith(":queue")]
+        assert len(keys) == 1, keys
+        ids = r.zrange(keys[0], 0, -1)  # by score = enqueue time, arq's order
+    finally:
+        r.close()
+    out = []
+    for i in ids:
+        _, iid, group, _ = i.rsplit(":", 3)  # <run>:<instance>:g<epoch>:s<index>
+        if not out or out[-1] != f"{iid}:{group}":
+            out.append(f"{iid}:{group}")
+    return out
+
+
+def test_enqueue_is_epoch_major_and_shuffled_per_epoch(redis_url, tmp_path):
+    data = tmp_path / "sorted.jsonl"
+    rows = [{"instance_id": f"fam{f}__repo-{k}", "problem_statement": "x", "repo": f"fam{f}/repo",
+             "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], "eval_script": "pytest"}
+            for f in range(3) for k in range(6)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(["enqueue", "--data", str(data), "--n-samples", "2", "--epochs", "2", "--seed", "7"], redis_url)
+    assert r.returncode == 0, r.stderr
+    order = queued_groups(redis_url)
+    assert len(order) == 36
+    # every instance's group 0 before any group 1, each epoch holding every instance once
+    assert [g.split(":")[1] for g in order] == ["g0"] * 18 + ["g1"] * 18
+    file_order = [row["instance_id"] for row in rows]
+    first, second = ([g.split(":")[0] for g in order[i:i + 18]] for i in (0, 18))
+    assert sorted(first) == sorted(second) == sorted(file_order)
+    # shuffled, and differently in each epoch: the first six are not one family
+    assert first != file_order and first != second
+    assert len({iid.split("__")[0] for iid in first[:6]}) > 1
+
+
+def test_enqueue_in_order_keeps_the_file_order(redis_url, tmp_path):
+    data = tmp_path / "sorted.jsonl"
+    rows = [{"instance_id": f"fam{f}__repo-{k}", "problem_statement": "x", "repo": f"fam{f}/repo",
+             "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], "eval_script": "pytest"}
+            for f in range(2) for k in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(["enqueue", "--data", str(data), "--n-samples", "1", "--in-order"], redis_url)
+    assert r.returncode == 0, r.stderr
+    assert [g.split(":")[0] for g in queued_groups(redis_url)] == [row["instance_id"] for row in rows]
