@@ -4,16 +4,20 @@ It only orchestrates: every process is the same `swarl` subcommand a cluster run
 inference servers, actors, learner), started here with its log under <run_dir>/logs/.
   1. private Redis (AOF) and Docker (the engine that answers, else a private dockerd)
   2. the bundled task images, built locally from Debian packages (cached)
-  3. the tiny model, warm-started on demonstrations of the train tasks (cached per seed)
+  3. the tiny model, warm-started on demonstrations of the procedure (inspect, edit, submit)
+     on the generated train instances (cached per seed)
   4. envd, pool, N CPU inference servers (registered in Redis)
-  5. resolve rate before training (train and held-out tasks)
+  5. resolve rate before training: train, held-out repositories, held-out bug families
      (with --prm, a PRM judge server too: the tiny base model, role prm)
   6. learner (+ weight sync) and K actors; train tasks enqueued; train for the time budget
      with a live progress view. Every process is supervised as its systemd unit would be
      (Restart=on-failure with backoff and a start limit; the learner continues with --resume),
      the private Redis too (restarted from its AOF); restarts show in the view, and only a
      process that keeps failing ends the demo
-  7. resolve rate after training, on the newest policy; plots; one JSON line
+  7. resolve rate after training, on the newest policy; the control (the policy that did not
+     learn, lr 0: the warm start's weights) evaluated again; changes with 95% intervals
+     (paired bootstrap over tasks, swarl/learning_stats.py), the outcome breakdown per split;
+     learning.json, plots; one JSON line
 """
 
 from __future__ import annotations
@@ -44,16 +48,27 @@ RESTART = Restart(backoff_s=1.0, backoff_max_s=30.0, burst=5, interval_s=300.0)
 STATUS_STALE_S = 5.0  # a status read slower than this (Redis away) shows as such in the view
 
 
+SUITE = "generated"  # envd/tasks/generated.py: instances that must be read
+EVAL_SPLITS = ("train", "heldout", "heldout_family")
+PRACTICE = 4000  # practice instances the warm start demonstrates on (envd.tasks.generated.practice)
+
+
 @dataclass
 class DemoOptions:
-    minutes: float = 10.0
+    minutes: float = 5.0
     seed: int = 0
     actors: int = 2
     concurrency: int = 3
     servers: int = 2
     eval_samples: int = 2
-    sft_epochs: int = 60
+    eval_per_family: int | None = 8  # tasks per bug family evaluated in each split (None: all)
+    train_per_family: int | None = None  # train tasks per bug family enqueued (None: the whole split)
+    sft_epochs: int = 12
     sft_lr: float = 3e-3
+    warm_seed: int | None = None  # the warm start's seed (model init and SFT); None: `seed`
+    sft_on: str = "train"  # train: the train split, every plausible edit; practice: PRACTICE new instances
+    sft_demos: int = PRACTICE  # with sft_on=practice: instances demonstrated (one demonstration each)
+    control: bool = True   # evaluate the policy that did not learn (lr 0) again after training
     run_dir: str | None = None
     config: str | None = None
     sets: tuple[str, ...] = ()
@@ -65,7 +80,7 @@ class Demo:
         from rich.console import Console
 
         self.o = opts
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, soft_wrap=True)  # a log line stays one line
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         self.run_dir = Path(opts.run_dir or REPO_ROOT / "runs" / f"demo-{stamp}").resolve()
         self.procs = ProcessGroup(self.run_dir / "logs")
@@ -103,9 +118,32 @@ class Demo:
         self.say(f"Docker engine at {url}; building the bundled task images (cached)")
         client = docker.DockerClient(base_url=url, timeout=300)
         try:
-            build_task_images(client, progress=True)
+            rows = self.train_rows() + [r for split in EVAL_SPLITS for r in self.eval_rows(split)]
+            rows = list({r["instance_id"]: r for r in rows}.values())
+            build_task_images(client, rows, progress=True, on_image=self._image_progress(len(rows)))
         finally:
             client.close()
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        from envd.tasks import load_tasks
+
+        return per_family(load_tasks("train", suite=SUITE), self.o.train_per_family)
+
+    def eval_rows(self, split: str) -> list[dict[str, Any]]:
+        from envd.tasks import load_tasks
+
+        return per_family(load_tasks(split, suite=SUITE), self.o.eval_per_family)
+
+    def _image_progress(self, total: int) -> Any:
+        """A line per tenth of the images when stderr is not a terminal (rich draws nothing there)."""
+        done = [0, 0]
+
+        def on_image(image: str, built: bool) -> None:
+            done[0] += 1
+            done[1] += int(built)
+            if not self.console.is_terminal and (done[0] == total or done[0] % max(1, total // 10) == 0):
+                self.say(f"task images {done[0]}/{total} ({done[1]} built)")
+        return on_image
 
     def model(self) -> Path:
         """Tiny model + supervised warm start, cached by seed and the demonstrations' hash."""
@@ -113,17 +151,24 @@ class Demo:
 
         from actors.encoding import ChatEncoder
         from actors.templates import load_templates
-        from envd.tasks import load_tasks
+        from envd.tasks.generated import demo_row, practice
         from inference.tiny_model import init_tiny
         from swarl.warmstart import demonstrations, sft
 
         cfg = self.config()
-        base = init_tiny(self.run_dir / "model" / "base", seed=self.o.seed)
+        ws = self.o.seed if self.o.warm_seed is None else self.o.warm_seed
+        base = init_tiny(self.run_dir / "model" / "base", seed=ws)
         templates = load_templates(cfg.actor.prompts)
-        train = load_tasks("train")
+        if self.o.sft_on == "practice":
+            train: list[Any] = [(demo_row(i), i) for i in practice(self.o.sft_demos, seed=ws)]
+        elif self.o.sft_on == "train":
+            train = self.train_rows()
+        else:
+            raise ValueError(f"sft_on: train or practice, got {self.o.sft_on!r}")
         seqs = demonstrations(train, templates, ChatEncoder(AutoTokenizer.from_pretrained(base)),
-                              cwd=cfg.actor.cwd, step_limit=cfg.actor.step_limit)
-        h = hashlib.sha256(json.dumps([seqs, self.o.sft_epochs, self.o.sft_lr, self.o.seed]).encode()).hexdigest()[:16]
+                              cwd=cfg.actor.cwd, step_limit=cfg.actor.step_limit,
+                              every_edit=self.o.sft_on == "train")
+        h = hashlib.sha256(json.dumps([seqs, self.o.sft_epochs, self.o.sft_lr, ws]).encode()).hexdigest()[:16]
         cached = CACHE / "warmstart" / h
         out = self.run_dir / "model" / "warm"
         if not (cached / "model.safetensors").exists():
@@ -131,17 +176,22 @@ class Demo:
             from rich.progress import Progress
 
             torch.set_num_threads(2)
-            self.say(f"warm start: {len(seqs)} demonstrations of {len(train)} train tasks, "
-                     f"{self.o.sft_epochs} epochs (cached in {cached})")
+            self.say(f"warm start: {len(seqs)} demonstrations of the procedure on {len(train)} {self.o.sft_on} "
+                     f"instances, {self.o.sft_epochs} epoch(s) (cached in {cached})")
+            t0 = time.monotonic()
             with Progress(console=self.console, transient=True) as prog:
                 task = prog.add_task("supervised warm start", total=1)
 
                 def tick(step: int, total: int, loss: float) -> None:
                     prog.update(task, total=total, completed=step, description=f"warm start loss {loss:.3f}")
+                    if not self.console.is_terminal and (step == total or step % max(1, total // 20) == 0):
+                        el = time.monotonic() - t0
+                        self.say(f"warm start step {step}/{total}, loss {loss:.3f}, "
+                                 f"{el / 60:.1f} min, about {el * (total - step) / step / 60:.1f} min left")
 
                 tmp = cached.with_name(h + ".tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
-                sft(base, tmp, seqs, epochs=self.o.sft_epochs, lr=self.o.sft_lr, seed=self.o.seed, progress=tick)
+                sft(base, tmp, seqs, epochs=self.o.sft_epochs, lr=self.o.sft_lr, seed=ws, progress=tick)
                 tmp.rename(cached)
         else:
             self.say(f"warm start: cached model {cached}")
@@ -195,21 +245,33 @@ class Demo:
         return str(path)
 
     # -- evaluation --------------------------------------------------------------------
-    async def resolve_rates(self, pool_url: str, server_url: str, tag: str) -> dict[str, float]:
+    async def evaluate(self, pool_url: str, server_url: str, tag: str) -> dict[str, list[dict[str, Any]]]:
+        """Every split's episodes (results.jsonl rows) for the policy on `server_url`, with a
+        progress line per tenth of the episodes."""
         from actors.evaluate import EvalTarget, evaluate
-        from envd.tasks import load_tasks
 
         cfg = self.config()
         target = EvalTarget(server_url, self.tokens["inference"], pool_url, self.tokens["envd"])
-        out = {}
-        for split in ("train", "heldout"):
-            rows = load_tasks(split)
-            summary = await evaluate(rows, target, self.run_dir / "eval" / f"{tag}-{split}", cfg.actor,
-                                     max_concurrent=self.o.actors * self.o.concurrency,
-                                     n_samples=self.o.eval_samples)
-            out[split] = summary["resolve_rate"]
+        out: dict[str, list[dict[str, Any]]] = {}
+        for split in EVAL_SPLITS:
+            rows = self.eval_rows(split)
+            total, got = len(rows) * self.o.eval_samples, list[dict[str, Any]]()
+            t0 = time.monotonic()
+
+            def on_result(res: dict[str, Any], split: str = split, total: int = total,
+                          got: list[dict[str, Any]] = got, t0: float = t0) -> None:
+                got.append(res)
+                if len(got) % max(1, total // 10) == 0 and len(got) < total:
+                    self.say(f"{tag}: {split} {len(got)}/{total} episodes, "
+                             f"{sum(1 for g in got if g.get('resolved'))} resolved, {time.monotonic() - t0:.0f}s")
+
+            out_dir = self.run_dir / "eval" / f"{tag}-{split}"
+            summary = await evaluate(rows, target, out_dir, cfg.actor, max_concurrent=self.o.actors * self.o.concurrency,
+                                     n_samples=self.o.eval_samples, on_result=on_result)
+            out[split] = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines() if x.strip()]
             self.say(f"{tag}: {split} resolve rate {summary['resolve_rate']:.3f} "
-                     f"({summary['resolved']}/{summary['episodes']} episodes; errors {summary['errors']})")
+                     f"({summary['resolved']}/{summary['episodes']} episodes of {summary['instances']} tasks; "
+                     f"errors {summary['errors']}) in {time.monotonic() - t0:.0f}s")
         return out
 
     async def newest_server(self, redis_url: str) -> tuple[str, int]:
@@ -266,17 +328,16 @@ class Demo:
         log.warning("supervision", what=event)
 
     async def enqueue(self, redis_url: str, epochs: range) -> None:
-        from broker.tasks import arq_pool, enqueue_jobs, jobs_for
-        from envd.tasks import load_tasks
+        from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for
 
         keys = self.keys()
         pool = await arq_pool(redis_url)
         try:
-            rows = load_tasks("train")
             n = self.config().learner.n_samples_per_prompt
-            for epoch in epochs:
-                for row in rows:
-                    await enqueue_jobs(pool, keys, jobs_for(keys, row, "swarl-tasks", n, epoch))
+            # shuffled per epoch: the split is sorted by family, and in order a short run
+            # would train on one family only
+            await enqueue_jobs(pool, keys, [j for row, epoch in epoch_order(self.train_rows(), epochs, seed=self.o.seed)
+                                            for j in jobs_for(keys, row, "swarl-tasks", n, epoch)])
         finally:
             await pool.aclose()
 
@@ -363,7 +424,15 @@ class Demo:
         read_at = time.monotonic()
         try:
             with Live(console=self.console, refresh_per_second=1) as live:
+                said = time.monotonic()
                 while (left := t_end - time.monotonic()) > 0:
+                    if not self.console.is_terminal and st is not None and time.monotonic() - said >= 30:
+                        said = time.monotonic()  # rich's Live draws nothing off a terminal: a line
+                        m = self.metrics()
+                        self.say(f"training: {max(0, left) / 60:.1f} min left, learner step {len(m)}, "
+                                 f"policy v{st['policy']['current']}, "
+                                 f"{sum(int(x.get('samples', 0)) for x in m)} samples trained, "
+                                 f"rollout resolve rate {m[-1].get('resolve_rate', 0.0) if m else 0.0:.2f}")
                     self.supervise()
                     # one status read in flight at a time, never cancelled (a Redis outage only
                     # makes the shown status stale; supervision goes on)
@@ -402,14 +471,21 @@ class Demo:
         self.build_images()
         model = await asyncio.to_thread(self.model)
         svc = self.start_services(redis_url, model)
-        before = await self.resolve_rates(svc["pool_url"], self.server_urls[0], "before")
+        before = await self.evaluate(svc["pool_url"], self.server_urls[0], "before")
         self.say(f"training for {self.o.minutes:g} min with {self.o.actors} actors x {self.o.concurrency} "
                  f"episodes and {self.o.servers} inference server(s)")
         await self.train(redis_url, svc["pool_url"], svc["config"])
         self.stop_training()
         url, version = await self.newest_server(redis_url)
         self.say(f"evaluating policy version {version} on {url}")
-        after = await self.resolve_rates(svc["pool_url"], url, "after")
+        after = await self.evaluate(svc["pool_url"], url, "after")
+        control = None
+        if self.o.control:
+            # The control is the same run with lr 0: its policy never changes, so its "after"
+            # is the warm start's weights evaluated again, on a server still at version 0.
+            ctrl_url = await self.base_server(redis_url)
+            self.say(f"control (lr 0, the policy that did not learn) on {ctrl_url}")
+            control = await self.evaluate(svc["pool_url"], ctrl_url, "control")
         rows = self.metrics()
         try:
             from learner.plot import plot_run
@@ -418,18 +494,98 @@ class Demo:
             self.say(f"plots: {', '.join(str(p) for p in plots)}")
         except Exception as e:  # plotting must not lose the result
             log.warning("plot_failed", error=str(e))
-        return {"train_before": before["train"], "train_after": after["train"],
-                "heldout_before": before["heldout"], "heldout_after": after["heldout"],
+        learning = learning_report(before, after, control, seed=self.o.seed)
+        (self.run_dir / "learning.json").write_text(json.dumps(learning, indent=1) + "\n")
+        self.say(learning_lines(learning))
+        return {**flat_result(learning),
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
+                "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
                 "minutes": self.o.minutes, "prm": self.o.prm, "run_dir": str(self.run_dir),
                 "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
                 | ({"redis": self.redis_restarts} if self.redis_restarts else {})}
+
+    async def base_server(self, redis_url: str) -> str:
+        """A server holding the warm start's weights (version 0): one is brought back from the
+        warm start on disk when rolling updates moved them all."""
+        from inference.client import SGLangClient
+
+        url = self.server_urls[-1]
+        client = SGLangClient(url, api_key=self.tokens["inference"])
+        try:
+            await client.update_weights_from_disk(str(self.run_dir / "model" / "warm"), weight_version="0")
+        finally:
+            await client.aclose()
+        return url
 
     def close(self) -> None:
         self.procs.stop_all(30)
         if self.redis is not None:
             self.redis.stop()
+
+
+def per_family(rows: list[dict[str, Any]], n: int | None) -> list[dict[str, Any]]:
+    """The first `n` rows of each bug family (all with None), in the rows' order."""
+    if n is None:
+        return rows
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r["swarl_family"]] = seen.get(r["swarl_family"], 0) + 1
+        if seen[r["swarl_family"]] <= n:
+            out.append(r)
+    return out
+
+
+def learning_report(before: dict[str, list[dict[str, Any]]], after: dict[str, list[dict[str, Any]]],
+                    control: dict[str, list[dict[str, Any]]] | None, seed: int = 0) -> dict[str, Any]:
+    """Per split: rates before/after (and the control's after) with 95% intervals over tasks,
+    the changes with paired intervals, whether the change's lower bound clears the control's
+    change, and the outcome breakdowns."""
+    from swarl.learning_stats import breakdown, change, rate
+
+    out: dict[str, Any] = {"seed": seed, "splits": {}}
+    for split in before:
+        d: dict[str, Any] = {
+            "before": rate(before[split], seed), "after": rate(after[split], seed),
+            "change": change(before[split], after[split], seed),
+            "outcomes": {"before": breakdown(before[split]), "after": breakdown(after[split])}}
+        if control is not None:
+            d["control_after"] = rate(control[split], seed)
+            d["control_change"] = change(before[split], control[split], seed)
+            d["outcomes"]["control_after"] = breakdown(control[split])
+            d["beats_control"] = d["change"]["ci"][0] > d["control_change"]["change"]
+        out["splits"][split] = d
+    return out
+
+
+def flat_result(learning: dict[str, Any]) -> dict[str, Any]:
+    """The JSON line's fields: `<split>_before` / `_after` (the held-out repositories are
+    `heldout`), and per split the change's interval, the control's change and its verdict."""
+    out: dict[str, Any] = {}
+    for split, d in learning["splits"].items():
+        out[f"{split}_before"] = d["before"]["rate"]
+        out[f"{split}_after"] = d["after"]["rate"]
+        out[f"{split}_change"] = d["change"]["change"]
+        out[f"{split}_change_ci"] = d["change"]["ci"]
+        if "control_change" in d:
+            out[f"{split}_control_change"] = d["control_change"]["change"]
+            out[f"{split}_control_change_ci"] = d["control_change"]["ci"]
+            out[f"{split}_beats_control"] = d["beats_control"]
+    return out
+
+
+def learning_lines(learning: dict[str, Any]) -> str:
+    lines = ["resolve rates (95% intervals, bootstrap over tasks):"]
+    for split, d in learning["splits"].items():
+        ch = d["change"]
+        line = (f"  {split:15s} {d['before']['rate']:.3f} -> {d['after']['rate']:.3f}  change {ch['change']:+.3f} "
+                f"[{ch['ci'][0]:+.3f}, {ch['ci'][1]:+.3f}]")
+        if "control_change" in d:
+            line += (f"  control {d['control_change']['change']:+.3f}"
+                     f"  {'beats the control' if d['beats_control'] else 'does not beat the control'}")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
@@ -438,3 +594,33 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         return asyncio.run(demo.run())
     finally:
         demo.close()
+
+
+def run_seeds(opts: DemoOptions, seeds: list[int]) -> dict[str, Any]:
+    """The demo once per seed (<run_dir>/seed-<s>), then the summary across seeds:
+    <run_dir>/learning-seeds.json and learning-seeds.png (swarl.demo_report)."""
+    from swarl.demo_report import aggregate, plot
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = Path(opts.run_dir or REPO_ROOT / "runs" / f"demo-seeds-{stamp}").resolve()
+    runs = []
+    for seed in seeds:
+        result = run_demo(dataclasses.replace(opts, seed=seed, run_dir=str(base / f"seed-{seed}")))
+        print(json.dumps(result), flush=True)  # each seed's line as it ends
+        runs.append({**json.loads((base / f"seed-{seed}" / "learning.json").read_text()), "result": result})
+    agg = aggregate(runs)
+    (base / "learning-seeds.json").write_text(json.dumps({"aggregate": agg, "runs": runs}, indent=1) + "\n")
+    plot(agg, base / "learning-seeds.png")
+    out: dict[str, Any] = {"seeds": seeds, "run_dir": str(base)}
+    for split, s in agg["splits"].items():
+        out[f"{split}_before"] = s["before"]["mean"]
+        out[f"{split}_after"] = s["after"]["mean"]
+        out[f"{split}_change"] = s["change"]["mean"]
+        out[f"{split}_change_ci"] = s["change"]["ci"]
+        out[f"{split}_rose_in_seeds"] = s["rose_in_seeds"]
+        out[f"{split}_beat_control_in_seeds"] = s["beat_control_in_seeds"]
+        if s["control_change"]:
+            out[f"{split}_control_change"] = s["control_change"]["mean"]
+    out["samples_trained"] = sum(r["result"]["samples_trained"] for r in runs) // max(1, len(runs))
+    out["goals"] = agg["goals"]
+    return out

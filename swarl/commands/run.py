@@ -12,31 +12,51 @@ from swarl.cliutil import ConfigOpt, SetOpt, load
 
 
 def demo(
-    minutes: Annotated[float, typer.Option("--minutes", "-m", help="Training time budget (minutes).")] = 10.0,
+    minutes: Annotated[float, typer.Option("--minutes", "-m", help="Training time budget (minutes).")] = 5.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tiny model, warm start and sampling.")] = 0,
     actors: Annotated[int, typer.Option("--actors", help="Actor processes.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Episodes per actor at once.")] = 3,
     servers: Annotated[int, typer.Option("--servers", help="CPU inference servers.")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", help="Episodes per task when measuring resolve rates.")] = 2,
-    sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 60,
+    eval_per_family: Annotated[int, typer.Option("--eval-per-family", help="Tasks per bug family evaluated in each split (0: all).")] = 8,
+    train_per_family: Annotated[int, typer.Option("--train-per-family", help="Train tasks per bug family (0: the whole train split).")] = 0,
+    warm_seed: Annotated[int | None, typer.Option("--warm-seed", help="Seed of the tiny model and warm start "
+                                                  "(default: --seed); fixed, seeds vary only the RL run.")] = None,
+    sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 12,
+    sft_on: Annotated[str, typer.Option("--sft-on", help="Warm start on the train split (every plausible edit) "
+                                        "or on --sft-demos new practice instances.")] = "train",
+    sft_demos: Annotated[int, typer.Option("--sft-demos", help="With --sft-on practice: instances demonstrated.")] = 4000,
     sft_lr: Annotated[float, typer.Option("--sft-lr", help="Learning rate of the supervised warm start.")] = 3e-3,
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
     prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "
                                       "every step on its own server (role prm); actor.prm in the config.")] = False,
+    control: Annotated[bool, typer.Option("--control/--no-control", help="Evaluate the control after training: "
+                                          "the same run with lr 0, i.e. the warm start's policy again.")] = True,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Run once per seed (comma-separated, e.g. 0,1,2) "
+                                              "and end with the summary across seeds.")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
     """The local CPU run: Redis, Docker, task images, tiny model, envd, pool, inference, actors,
-    learner; trains for --minutes and prints resolve rates before and after (last line: JSON)."""
+    learner; trains for --minutes and prints resolve rates before and after with 95% intervals
+    and the control's (last line: JSON)."""
     from common.logs import setup_logging
-    from swarl.demo import DemoOptions, run_demo
+    from swarl.demo import DemoOptions, run_demo, run_seeds
 
     setup_logging("warning")
     opts = DemoOptions(minutes=minutes, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
-                       eval_samples=eval_samples, sft_epochs=sft_epochs, sft_lr=sft_lr, run_dir=run_dir, config=config,
-                       sets=tuple(sets or ()), prm=prm)
+                       eval_samples=eval_samples, eval_per_family=eval_per_family or None,
+                       train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
+                       sets=tuple(sets or ()), prm=prm, control=control)
     try:
-        result = run_demo(opts)
+        if seeds:
+            try:
+                seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+            except ValueError:
+                raise typer.BadParameter(f"--seeds: comma-separated integers, got {seeds!r}") from None
+            result = run_seeds(opts, seed_list)
+        else:
+            result = run_demo(opts)
     except KeyboardInterrupt:
         typer.echo("swarl demo: interrupted; every process was stopped", err=True)
         raise typer.Exit(130) from None

@@ -27,8 +27,8 @@ def swarl_env() -> dict[str, str]:
     return env | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def swarl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=swarl_env(),
+def swarl(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swarl.cli", *args], cwd=REPO, env=swarl_env() | (env or {}),
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -12,15 +12,19 @@ from system_helpers import swarl
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KEYS = {"train_before", "train_after", "heldout_before", "heldout_after", "samples_trained",
-        "learner_steps", "policy_version", "seed", "minutes", "run_dir"}
+        "learner_steps", "policy_version", "seed", "minutes", "run_dir",
+        # the held-out bug families, the changes with their intervals, and the control's
+        "heldout_family_before", "heldout_family_after", "train_change", "train_change_ci",
+        "heldout_change_ci", "train_control_change", "train_control_change_ci", "train_beats_control"}
 
 
 def test_one_minute_demo(docker_url, tmp_path) -> None:
     run_dir = tmp_path / "demo"
     p = swarl("demo", "--minutes", "1", "--actors", "1", "--concurrency", "4", "--servers", "1",
-              "--eval-samples", "1", "--sft-epochs", "2", "--run-dir", str(run_dir),
+              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-epochs", "1", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
-              timeout=1100)
+              # an empty cache: the warm start runs (and shows its progress) whatever ran before
+              env={"SWARL_CACHE": str(tmp_path / "cache")}, timeout=1100)
     assert p.returncode == 0, p.stderr[-4000:]
     lines = [x for x in p.stdout.splitlines() if x.strip()]
     result = json.loads(lines[-1])
@@ -32,3 +36,14 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     assert result["learner_steps"] >= 1 and result["policy_version"] >= 1, result
     assert result["samples_trained"] > 0
     assert (run_dir / "metrics.jsonl").exists()
+    lo, hi = result["train_change_ci"]
+    assert lo <= result["train_change"] <= hi
+    # the evidence behind the line: per split rates, intervals, control and outcome breakdowns
+    learning = json.loads((run_dir / "learning.json").read_text())
+    assert set(learning["splits"]) == {"train", "heldout", "heldout_family"}
+    for d in learning["splits"].values():
+        assert d["before"]["tasks"] == d["before"]["episodes"] in (2, 4)  # one task per family
+        assert abs(sum(d["outcomes"]["after"].values()) - 1.0) < 1e-6
+        assert "control_after" in d
+    # progress was shown while warming up and evaluating (stderr is not a terminal here)
+    assert "warm start step" in p.stderr and "before: train" in p.stderr, p.stderr[-3000:]
