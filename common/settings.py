@@ -172,7 +172,24 @@ def _yaml_source(cls: type[BaseSettings], path: Path) -> YamlConfigSettingsSourc
         raise SettingsError(f"{path}: not valid YAML: {e}") from e
     if loaded is not None and not isinstance(loaded, dict):
         raise SettingsError(f"{path}: top level must be a mapping of sections")
+    if bad := _non_string_key(loaded):
+        raise SettingsError(f"{path}: keys must be strings, got {bad}")
     return YamlConfigSettingsSource(cls, yaml_file=path)
+
+
+def _non_string_key(doc: object, where: str = "") -> str | None:
+    """The first mapping key that is not a string (`~:` or `1:` in YAML), named with its path."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if not isinstance(k, str):
+                return f"{k!r}" + (f" under {where!r}" if where else " at the top level")
+            if bad := _non_string_key(v, f"{where}.{k}" if where else k):
+                return bad
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            if bad := _non_string_key(v, f"{where}[{i}]"):
+                return bad
+    return None
 
 
 def format_errors(err: ValidationError, origin: Mapping[str, str],

@@ -14,6 +14,12 @@ from typing import Any
 
 import httpx
 
+# Imported while the tests are collected, not first inside a test: pytest rewrites schemathesis
+# (a pytest plugin) as it is imported, and on CPython 3.11.7 one such ast.parse deep inside a
+# running test raised "SystemError: AST constructor recursion depth mismatch" in CI.
+import schemathesis
+import schemathesis.specs.openapi.schemas
+
 FUZZ_EXAMPLES = int(os.environ.get("SWARL_FUZZ_EXAMPLES", "10"))
 
 
@@ -47,7 +53,6 @@ def _bind(check: Any, op: Any, mode: Any) -> Any:
 
 
 def fuzz_openapi(url: str, token: str, skip: tuple[str, ...] = (), examples: int = FUZZ_EXAMPLES) -> list[str]:
-    import schemathesis
     from hypothesis import given
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode

@@ -31,6 +31,8 @@ def test_precedence_yaml_env_cli(tmp_path):
         ("", [], {"SWARL_LEARNER__NOPE": "1"}, "unknown config key 'learner.nope'"),
         ("", ["admission"], {}, "expected KEY=VALUE"),
         ("- a\n- b\n", [], {}, "top level must be a mapping"),
+        ("~: 1\n", [], {}, "keys must be strings, got None at the top level"),
+        ("run:\n  yes: 2\n", [], {}, "keys must be strings, got True under 'run'"),
         ("a: [\n", [], {}, "not valid YAML"),
     ],
 )
