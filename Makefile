@@ -1,11 +1,16 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo test long chaos images fuzz lint bench bench-async clean
+.PHONY: setup demo demo-learning test long chaos images fuzz lint bench bench-async clean
 
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	.venv/bin/swarl demo $(ARGS)
+
+# does the demo learn? the demo on seeds 0,1,2 with its control; writes benchmarks/demo_learning.{json,png}
+# and docs/demo.md's "Measured" section (~40 min; ARGS="--seeds 0,1" to shorten)
+demo-learning: setup
+	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
 
 test: setup
 	.venv/bin/ruff check .

@@ -1,0 +1,89 @@
+"""Does the demo learn? `swarl demo` once per seed (warm start, before, RL, after, control),
+then the summary across seeds: benchmarks/demo_learning.json (every seed's learning.json and the
+aggregate), benchmarks/demo_learning.png, a section in benchmarks/RESULTS.md, and the generated
+"Measured" section of docs/demo.md.
+
+    .venv/bin/python benchmarks/demo_learning.py                 # seeds 0,1,2 on the demo defaults
+    .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --minutes 3 -- --set learner.lr=4e-4
+    .venv/bin/python benchmarks/demo_learning.py --report-only   # re-render from demo_learning.json
+
+Arguments after `--` go to `swarl demo` as they are. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _record import markdown_table, record  # noqa: E402
+from swarl.demo_report import SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
+
+OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
+OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
+DOC = ROOT / "docs" / "demo.md"
+
+
+def run(seeds: str, minutes: float | None, extra: list[str]) -> Path:
+    run_dir = ROOT / "runs" / f"demo-learning-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
+    if minutes is not None:
+        cmd += ["--minutes", str(minutes)]
+    cmd += extra
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)  # its progress goes to this terminal / log
+    return run_dir
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--minutes", type=float, default=None, help="training minutes per seed (demo default)")
+    ap.add_argument("--report-only", action="store_true", help="re-render from benchmarks/demo_learning.json")
+    ap.add_argument("demo_args", nargs="*", help="after --: passed to `swarl demo`")
+    a = ap.parse_args()
+    if a.report_only:
+        data = json.loads(OUT_JSON.read_text())
+    else:
+        t0 = time.monotonic()
+        run_dir = run(a.seeds, a.minutes, a.demo_args)
+        data = json.loads((run_dir / "learning-seeds.json").read_text())
+        data["meta"] = {"command": f"benchmarks/demo_learning.py --seeds {a.seeds}"
+                        + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
+                        + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
+                        "wall_minutes": round((time.monotonic() - t0) / 60, 1), "run_dir": str(run_dir),
+                        "demo": [r["result"] for r in data["runs"]]}
+        OUT_JSON.write_text(json.dumps(data, indent=1) + "\n")
+        shutil.copy(run_dir / "learning-seeds.png", OUT_PNG)
+    agg = aggregate(data["runs"])
+    meta = data.get("meta", {})
+    r0 = data["runs"][0]["result"]
+    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`: {r0['minutes']:g} min of training per seed, "
+           f"about {r0['samples_trained']} samples trained per seed; the control is the same run with lr 0.")
+    if not OUT_PNG.exists():
+        plot(agg, OUT_PNG)
+    write_doc(DOC, markdown(agg, {"how": how}))
+    rows = [[SPLIT_NAMES[k], s["before"]["mean"], s["after"]["mean"], s["change"]["mean"],
+             f"[{s['change']['ci'][0]:+.3f}, {s['change']['ci'][1]:+.3f}]",
+             s["control_change"]["mean"] if s["control_change"] else "-",
+             f"{s['beat_control_in_seeds']}/{len(agg['seeds'])}"] for k, s in agg["splits"].items()]
+    summary = {f"{k}_change": s["change"]["mean"] for k, s in agg["splits"].items()}
+    summary |= {f"{k}_goal_met": g["met"] for k, g in agg["goals"].items()}
+    summary["seeds"] = agg["seeds"]
+    record("demo_learning", markdown_table(
+        ["split", "before", "after", "change (mean)", "change 95% CI (seeds)", "control change", "beat control"],
+        rows), summary, notes=f"{how} Per seed: docs/demo.md; plot: benchmarks/demo_learning.png.")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Can the warm-started tiny model read? Warm-start it (swarl.warmstart) and sample its first two
+turns on each split of the generated suite: is the inspection command right (the function's
+name typed from the issue), and, shown the right inspection's output, which edit does it type
+(the gold fix, a plausible wrong one, anything else)? No Docker, no servers: HF generate on CPU.
+
+    .venv/bin/python benchmarks/warmstart_reading.py --on practice --demos 4000 --epochs 1
+    .venv/bin/python benchmarks/warmstart_reading.py --on train --epochs 12
+
+Figures for each configuration tried are in docs/demo.md; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actors.context import TokenConversation
+    from actors.encoding import ChatEncoder
+    from actors.protocols import ExecOutput
+    from actors.templates import load_templates
+    from envd.tasks import load_tasks
+    from envd.tasks.generated import demo_row, get_instance, inspect_output, practice
+    from inference.tiny_model import init_tiny
+    from swarl.config import REPO_ROOT
+    from swarl.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--on", choices=("train", "practice"), default="practice")
+    ap.add_argument("--demos", type=int, default=4000, help="practice instances (--on practice)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    work = Path(tempfile.mkdtemp(prefix="swarl-warmstart-reading-"))
+    base = init_tiny(work / "base", seed=a.seed)
+    tok = AutoTokenizer.from_pretrained(base)
+    enc = ChatEncoder(tok)
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    rows = ([(demo_row(i), i) for i in practice(a.demos, seed=a.seed)] if a.on == "practice"
+            else load_tasks("train", suite="generated"))
+    seqs = demonstrations(rows, tpl, enc, every_edit=a.on == "train")
+    t0 = time.monotonic()
+
+    def progress(step: int, total: int, loss: float) -> None:
+        if step % 50 == 0 or step == total:
+            print(f"warm start step {step}/{total} loss {loss:.3f} {time.monotonic() - t0:.0f}s", flush=True)
+
+    sft(base, work / "warm", seqs, epochs=a.epochs, lr=a.lr, seed=a.seed, progress=progress)
+    model = AutoModelForCausalLM.from_pretrained(work / "warm", dtype=torch.float32).eval()
+    action = re.compile(r"```bash\s*\n(.*?)\n```", re.S)
+
+    def sample(ids: list[int]) -> list[str | None]:
+        x = torch.tensor([ids] * a.samples)
+        with torch.no_grad():
+            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0, top_p=1.0,
+                               max_new_tokens=60, eos_token_id=enc.eos_id, pad_token_id=0)
+        out = []
+        for row in g[:, len(ids):].tolist():
+            row = row[: row.index(enc.eos_id)] if enc.eos_id in row else row
+            found = action.findall(str(tok.decode(row)))
+            out.append(found[0] if len(found) == 1 else None)
+        return out
+
+    result: dict[str, object] = {"on": a.on, "demos": len(seqs), "epochs": a.epochs,
+                                 "warm_start_s": round(time.monotonic() - t0)}
+    for split in ("train", "heldout", "heldout_family"):
+        c = {"inspect": 0, "gold": 0, "wrong": 0, "other": 0}
+        split_rows = load_tasks(split, suite="generated")
+        for row in split_rows:
+            v = {"task": row["problem_statement"], "instance": row, "step_limit": 4, "cwd": "/testbed"}
+            conv = TokenConversation(enc, tpl.render("system", **v), tpl.render("instance", **v), lambda n: "")
+            c["inspect"] += sum(t == row["swarl_inspect_command"] for t in sample(conv.full_ids() + enc.gen_prompt))
+            ids = [*enc.tokenize(answer(INSPECT_THOUGHT, row["swarl_inspect_command"])), enc.eos_id]
+            conv.add_answer(ids, [0.0] * len(ids), stopped=True)
+            shown = inspect_output(get_instance(row["instance_id"]))
+            conv.add_observation(tpl.render("observation", output=ExecOutput(0, shown)))
+            for t in sample(conv.full_ids() + enc.gen_prompt):
+                c["gold" if t == row["swarl_fix_command"] else "wrong" if t in row["swarl_wrong_commands"]
+                  else "other"] += 1
+        n = len(split_rows) * a.samples
+        result[split] = {k: round(v / n, 3) for k, v in c.items()}
+        print(split, result[split], flush=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
