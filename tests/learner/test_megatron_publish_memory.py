@@ -36,7 +36,9 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("layout", ["tensor_parallel=2", "pipeline_parallel=2", "use_distributed_optimizer=true"])
+@pytest.mark.parametrize("layout", ["tensor_parallel=2",  # make test; make long: the other two
+                                    pytest.param("pipeline_parallel=2", marks=pytest.mark.long),
+                                    pytest.param("use_distributed_optimizer=true", marks=pytest.mark.long)])
 def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path, layout: str) -> None:
     out = tmp_path / "peak.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

@@ -6,7 +6,8 @@ between data-parallel ranks; per-token logprobs after every step and the final w
 1e-4 of one rank's (fp32); the published weights equal the HF weights they came from and the
 torch backend's; a checkpoint saved on two ranks (the model in safetensors shards of at most
 SHARD_BYTES, with their index) and loaded on two new ones continues exactly.
-Each layout runs once per session (tests/learner/megatron_worker.py).
+Each layout runs once per session (tests/learner/megatron_worker.py); `make test` runs
+dp2, dp2_distopt, tp2, pp2 and two resumes, `make long` the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from learner.backends.megatron_backend import load_hf_state
 from learner.backends.torch_backend import TorchBackend
 from learner.config import LearnerConfig
 
-# ten torchrun launches in one module fixture: well over a minute, more on a loaded machine
+# a torchrun launch per layout and per resume: well over a minute, more on a loaded machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,11 @@ LAYOUTS: dict[str, list[str]] = {
     "tp2": ["--set", "tensor_parallel=2"],
     "pp2": ["--set", "pipeline_parallel=2"],
 }
-RESUMED = ("dp2", "dp2_distopt", "tp2", "pp2")
+# `make test` runs a short set; `make long` every layout and every resume
+LONG = {"dp2_distopt_sync"}
+PARAMS = [pytest.param(k, marks=pytest.mark.long) if k in LONG else k for k in LAYOUTS]
+RESUMED = [pytest.param("dp2", marks=pytest.mark.long), "dp2_distopt", "tp2",
+           pytest.param("pp2", marks=pytest.mark.long)]
 SHARD_BYTES = 100_000  # the tiny model (0.43 MB) is written in several shards
 
 
@@ -73,24 +78,36 @@ def odd_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+class Runs:
+    """Each run launched on first use and kept for the module: one rank, a two-rank layout
+    (saving a checkpoint after step 2), and its resumed run (new processes: load that
+    checkpoint, take step 3). Lazy, so a layout whose tests are deselected costs nothing."""
+
+    def __init__(self, d: Path, model: Path, probe_model: Path) -> None:
+        self.d, self.model, self.probe = d, model, ["--probe-model", str(probe_model)]
+        self.done: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        if name not in self.done:
+            if name == "one":
+                self.done[name] = run_worker(self.d / "one.pt", self.model, self.probe, 1)
+            elif name.endswith("_resumed"):
+                layout = name.removesuffix("_resumed")
+                ck = self[layout]["ckpt"]
+                self.done[name] = run_worker(self.d / f"{layout}-resumed.pt", self.model,
+                                             [*LAYOUTS[layout], "--resume", str(ck), "--first-step", "3"], 2)
+            else:
+                ck = self.d / f"ck-{name}"
+                self.done[name] = run_worker(self.d / f"{name}.pt", self.model,
+                                             [*LAYOUTS[name], *self.probe, "--save-at", "2", "--ckpt", str(ck),
+                                              "--shard-bytes", str(SHARD_BYTES)], 2)
+                self.done[name]["ckpt"] = ck
+        return self.done[name]
+
+
 @pytest.fixture(scope="module")
-def runs(small_model_dir: Path, odd_vocab_model: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> dict[str, dict[str, Any]]:
-    """One rank, every two-rank layout (saving a checkpoint after step 2), and the resumed runs
-    (new processes: load that checkpoint, take step 3)."""
-    d = tmp_path_factory.mktemp("megatron-ranks")
-    probe = ["--probe-model", str(odd_vocab_model)]
-    out = {"one": run_worker(d / "one.pt", small_model_dir, probe, 1)}
-    for name, args in LAYOUTS.items():
-        ck = d / f"ck-{name}"
-        out[name] = run_worker(d / f"{name}.pt", small_model_dir,
-                               [*args, *probe, "--save-at", "2", "--ckpt", str(ck),
-                                "--shard-bytes", str(SHARD_BYTES)], 2)
-        out[name]["ckpt"] = ck
-        if name in RESUMED:
-            out[f"{name}_resumed"] = run_worker(d / f"{name}-resumed.pt", small_model_dir,
-                                                [*args, "--resume", str(ck), "--first-step", "3"], 2)
-    return out
+def runs(small_model_dir: Path, odd_vocab_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("megatron-ranks"), small_model_dir, odd_vocab_model)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -98,8 +115,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_two_ranks_train_as_one(runs: dict[str, dict[str, Any]], layout: str) -> None:
+@pytest.mark.parametrize("layout", PARAMS)
+def test_two_ranks_train_as_one(runs: Runs, layout: str) -> None:
     one, two = runs["one"], runs[layout]
     counts = two["mb_counts"]
     if layout.startswith("dp"):
@@ -118,8 +135,8 @@ def test_two_ranks_train_as_one(runs: dict[str, dict[str, Any]], layout: str) ->
     assert max_diff(one["params"], two["params"]) <= TOL
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_published_weights_are_the_hf_weights(runs: dict[str, dict[str, Any]], small_model_dir: Path,
+@pytest.mark.parametrize("layout", PARAMS)
+def test_published_weights_are_the_hf_weights(runs: Runs, small_model_dir: Path,
                                               layout: str) -> None:
     two = runs[layout]
     hf = load_hf_state(small_model_dir)
@@ -132,8 +149,8 @@ def test_published_weights_are_the_hf_weights(runs: dict[str, dict[str, Any]], s
         assert torch.equal(two["params_start"][k], v), k
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_untied_odd_vocabulary(runs: dict[str, dict[str, Any]], odd_vocab_model: Path, layout: str) -> None:
+@pytest.mark.parametrize("layout", PARAMS)
+def test_untied_odd_vocabulary(runs: Runs, odd_vocab_model: Path, layout: str) -> None:
     """Vocabulary 500, untied: under tensor parallelism 512 logits of which 12 are padding (cut
     before the softmax); under pipeline parallelism the output layer lives on the last stage."""
     one, two = runs["one"]["probe_model_logprobs"], runs[layout]["probe_model_logprobs"]
@@ -146,7 +163,7 @@ def test_untied_odd_vocabulary(runs: dict[str, dict[str, Any]], odd_vocab_model:
 
 
 @pytest.mark.parametrize("layout", RESUMED)
-def test_checkpoint_on_two_ranks_continues_exactly(runs: dict[str, dict[str, Any]], layout: str) -> None:
+def test_checkpoint_on_two_ranks_continues_exactly(runs: Runs, layout: str) -> None:
     straight, resumed = runs[layout], runs[f"{layout}_resumed"]
     ck: Path = straight["ckpt"]
     files = sorted(p.name for p in (ck / "optim").iterdir())
