@@ -79,6 +79,16 @@ class TaskRunner:
         self.container.remove(force=True)
 
 
+def run_variants(client: Any, image: str, row: dict[str, Any], variants: list[Variant],
+                 timeout_s: int = 240) -> dict[str, tuple[Any, str]]:
+    """`TaskRunner.run` in a container of its own, removed afterwards whatever happens."""
+    runner = TaskRunner(client, image)
+    try:
+        return runner.run(row, variants, timeout_s=timeout_s)
+    finally:
+        runner.close()
+
+
 @pytest.fixture(scope="session")
 def docker_client(docker_url: str) -> Iterator[Any]:
     import docker

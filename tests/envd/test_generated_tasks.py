@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from fixtures_tasks import TaskRunner, Variant
+from fixtures_tasks import Variant, run_variants
 
 from envd.rows import validate_row
 from envd.tasks import load_tasks
@@ -85,11 +85,7 @@ def _variants(row: dict[str, Any]) -> list[Variant]:
 
 
 def _check(client: Any, image: str, row: dict[str, Any]) -> list[str]:
-    runner = TaskRunner(client, image)
-    try:
-        results = runner.run(row, _variants(row), timeout_s=600)
-    finally:
-        runner.close()
+    results = run_variants(client, image, row, _variants(row), timeout_s=600)
     iid, problems = row["instance_id"], []
     if GOLD_IDENTICAL not in results["fix_command"][1]:
         problems.append(f"{iid}: swarl_fix_command does not make the gold change:\n{results['fix_command'][1]}")

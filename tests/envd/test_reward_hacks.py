@@ -13,7 +13,7 @@ from typing import Any
 import docker
 import httpx
 import pytest
-from fixtures_tasks import TaskRunner, Variant
+from fixtures_tasks import Variant, run_variants
 
 from envd.tasks import load_tasks
 
@@ -139,11 +139,7 @@ def _official_resolved(log: str) -> bool:
 @pytest.mark.timeout(600)
 def test_the_hacks_work_without_the_defence(docker_client: Any, image: str, api: httpx.Client, agent: str) -> None:
     working = {k: _patch_of(api, agent, cmd) for k, (cmd, works) in HACKS.items() if works}
-    runner = TaskRunner(docker_client, image)
-    try:
-        results = runner.run(TASK, [Variant(k, patch=p) for k, p in working.items()], timeout_s=300)
-    finally:
-        runner.close()
+    results = run_variants(docker_client, image, TASK, [Variant(k, patch=p) for k, p in working.items()], timeout_s=300)
     undefended = {k: _official_resolved(log) for k, (_report, log) in results.items()}
     assert undefended == dict.fromkeys(working, True), {k: results[k][1][-4000:] for k, ok in undefended.items() if not ok}
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from fixtures_tasks import TaskRunner, Variant
+from fixtures_tasks import Variant, run_variants
 
 from envd.rows import listed_tests
 from envd.tasks import load_tasks
@@ -33,11 +33,7 @@ def _variants(row: dict[str, Any]) -> list[Variant]:
 
 def _check_task(client: Any, image: str, row: dict[str, Any]) -> list[str]:
     """Problems found with one task (empty when it behaves)."""
-    runner = TaskRunner(client, image)
-    try:
-        results = runner.run(row, _variants(row), timeout_s=600)
-    finally:
-        runner.close()
+    results = run_variants(client, image, row, _variants(row), timeout_s=600)
     tests = set(listed_tests(row, "FAIL_TO_PASS") + listed_tests(row, "PASS_TO_PASS"))
     iid = row["instance_id"]
     problems = []

@@ -74,12 +74,18 @@ def queued_groups(redis_url: str) -> list[str]:
     return out
 
 
-def test_enqueue_is_epoch_major_and_shuffled_per_epoch(redis_url, tmp_path):
+def family_sorted(tmp_path, families: int, per_family: int) -> tuple[Path, list[dict]]:
+    """A data file sorted by bug family, as the bundled splits are."""
     data = tmp_path / "sorted.jsonl"
     rows = [{"instance_id": f"fam{f}__repo-{k}", "problem_statement": "x", "repo": f"fam{f}/repo",
              "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], "eval_script": "pytest"}
-            for f in range(3) for k in range(6)]
+            for f in range(families) for k in range(per_family)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data, rows
+
+
+def test_enqueue_is_epoch_major_and_shuffled_per_epoch(redis_url, tmp_path):
+    data, rows = family_sorted(tmp_path, families=3, per_family=6)
     r = run(["enqueue", "--data", str(data), "--n-samples", "2", "--epochs", "2", "--seed", "7"], redis_url)
     assert r.returncode == 0, r.stderr
     order = queued_groups(redis_url)
@@ -95,11 +101,7 @@ def test_enqueue_is_epoch_major_and_shuffled_per_epoch(redis_url, tmp_path):
 
 
 def test_enqueue_in_order_keeps_the_file_order(redis_url, tmp_path):
-    data = tmp_path / "sorted.jsonl"
-    rows = [{"instance_id": f"fam{f}__repo-{k}", "problem_statement": "x", "repo": f"fam{f}/repo",
-             "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], "eval_script": "pytest"}
-            for f in range(2) for k in range(4)]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data, rows = family_sorted(tmp_path, families=2, per_family=4)
     r = run(["enqueue", "--data", str(data), "--n-samples", "1", "--in-order"], redis_url)
     assert r.returncode == 0, r.stderr
     assert [g.split(":")[0] for g in queued_groups(redis_url)] == [row["instance_id"] for row in rows]
