@@ -47,8 +47,29 @@ class HangUp:
                 continue
             with conn:
                 conn.settimeout(5)
-                head = conn.recv(65536).decode(errors="replace")
-                self.requests.append(head.split("\r\n", 1)[0])
+                request = self._read_request(conn)
+                self.requests.append(request.split("\r\n", 1)[0])
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> str:
+        # Read the whole request (head and Content-Length body) before closing: closing with
+        # unread bytes sends a reset, which the client sees as ReadError instead of a clean
+        # end of stream (RemoteProtocolError) — the flake CI once hit.
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return data.decode(errors="replace")
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return head.decode(errors="replace")
 
     def close(self) -> None:
         self.stop.set()
