@@ -85,11 +85,15 @@ class AgentResult:
 class Agent:
     def __init__(self, cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder,
                  policy: Policy, env: Env, pinned_version: int | None = None,
-                 rid_prefix: str = "", judge: StepJudge | None = None) -> None:
+                 rid_prefix: str = "", judge: StepJudge | None = None,
+                 sampling_seed: int | None = None) -> None:
         self.cfg, self.t, self.enc, self.policy, self.env = cfg, templates, encoder, policy, env
         self.judge = judge  # a PRM judging each executed step in the background
         self.pinned = pinned_version
         self.rid_prefix = rid_prefix
+        # one seed for every turn: the server draws from (seed, token position), so an episode
+        # replayed over the same prefix makes the same draws
+        self.sampling_seed = sampling_seed
         # live while the loop runs: what a failed episode's trajectory is written from
         self.steps: list[StepRecord] = []
         self.messages: list[dict[str, str]] = []
@@ -153,6 +157,8 @@ class Agent:
                     "top_k": c.sampling.top_k, "stop_token_ids": [self.enc.eos_id],
                     "max_new_tokens": min(c.sampling.max_new_tokens, c.max_context_len - len(view.ids)),
                     "skip_special_tokens": True, "no_stop_trim": True}
+        if self.sampling_seed is not None:
+            sampling["sampling_seed"] = self.sampling_seed
         t0 = time.monotonic()
         gen = await self.policy.generate(view.ids, sampling, f"{self.rid_prefix}{len(self.steps)}")
         dt = time.monotonic() - t0

@@ -42,6 +42,9 @@ class EpisodeJob:
     group_id: str
     sample_index: int
     n_samples: int = 1
+    # sent as SGLang's sampling_seed with every turn: evaluations pass one per (task, sample)
+    # so that two policies meet the same random draws (common random numbers); None in training
+    sampling_seed: int | None = None
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> EpisodeJob:
@@ -51,8 +54,9 @@ class EpisodeJob:
         if not isinstance(p["instance"], dict) or "instance_id" not in p["instance"]:
             raise ValueError("job payload: instance: expected a row with instance_id")
         image_of(p["instance"])  # a row without its image is refused before it takes a slot
+        seed = p.get("sampling_seed")
         return cls(str(p["job_id"]), p["instance"], str(p["group_id"]), int(p["sample_index"]),
-                   int(p.get("n_samples", 1)))
+                   int(p.get("n_samples", 1)), None if seed is None else int(seed))
 
     @property
     def instance_id(self) -> str:
@@ -90,7 +94,7 @@ def make_agent(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncode
                judge: StepJudge | None = None) -> Agent:
     """pinned_version None: no weight-version check (slime keeps its engines in sync)."""
     return Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:",
-                 judge=judge)
+                 judge=judge, sampling_seed=job.sampling_seed)
 
 
 async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:

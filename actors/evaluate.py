@@ -6,6 +6,7 @@ and summary.json; instances already in results.jsonl are skipped (resumable)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import Counter
@@ -62,10 +63,22 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def episode_seed(seed: int, instance_id: str, k: int) -> int:
+    """The sampling_seed of episode k of a task in an evaluation seeded `seed` (31 bits, as
+    any server takes it)."""
+    digest = hashlib.sha256(f"{seed}:{instance_id}:{k}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
 async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str | Path,
                    actor_cfg: ActorConfig, max_concurrent: int = 4, n_samples: int = 1,
-                   on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Every row must carry its `image_name` (ValueError naming the first that does not)."""
+                   on_result: Callable[[dict[str, Any]], None] | None = None,
+                   seed: int | None = None) -> dict[str, Any]:
+    """Every row must carry its `image_name` (ValueError naming the first that does not).
+
+    `seed` (not None): episode k of a task samples with the sampling_seed episode_seed(seed,
+    instance_id, k), so two policies evaluated with one seed meet the same random draws
+    (common random numbers) and their paired difference is not buried in sampling noise."""
     from actors.backends import ServerPolicy
     from actors.episode import EpisodeJob, image_of
     from actors.leased import LeasedEpisodes
@@ -85,8 +98,10 @@ async def evaluate(rows: list[dict[str, Any]], target: EvalTarget, out_dir: str 
 
     async def one(row: dict[str, Any], k: int) -> None:
         key = f"{row['instance_id']}#{k}"
-        job = EpisodeJob(f"eval:{key}", row, f"eval:{row['instance_id']}", k, n_samples)
-        res: dict[str, Any] = {"key": key, "instance_id": row["instance_id"], "sample": k}
+        sampling_seed = None if seed is None else episode_seed(seed, str(row["instance_id"]), k)
+        job = EpisodeJob(f"eval:{key}", row, f"eval:{row['instance_id']}", k, n_samples, sampling_seed)
+        res: dict[str, Any] = {"key": key, "instance_id": row["instance_id"], "sample": k,
+                               "sampling_seed": sampling_seed}
         async with sem:
             t0 = time.monotonic()
             policy = ServerPolicy(target.server_url, target.api_key, actor_cfg.generate_timeout_s)

@@ -335,7 +335,8 @@ class Engine:
         reqs = [self._running[i] for i in rows]
         import torch
 
-        ids, lps = sample(logits, [r.params for r in reqs], self.generator)
+        positions = [len(r.input_ids) + len(r.output_ids) for r in reqs]  # of the token sampled now
+        ids, lps = sample(logits, [r.params for r in reqs], self.generator, positions)
         self._last[torch.tensor(rows, dtype=torch.long)] = ids
         done = []
         for i_tok, lp, r in zip(ids.tolist(), lps.tolist(), reqs, strict=True):

@@ -116,12 +116,17 @@ class SamplingParams(BaseModel):
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
+    logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator,
+    positions: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, V]; return (token ids [B], logprobs [B]).
 
     Logprobs follow inference.logprobs (SGLang): log_softmax(logits / T) before top-k/top-p/
-    min-p filtering; greedy rows use T = 1.
+    min-p filtering; greedy rows use T = 1. A row whose params carry `sampling_seed` draws its
+    noise from (seed, position) alone — `positions[i]` is the sequence position of the token
+    being sampled — so the same seed over the same prefix makes the same draws whatever else
+    is in the batch or which weights are loaded (SGLang's seeded sampling, used for common
+    random numbers across evaluations); other rows use `generator`.
     """
     import torch
 
@@ -138,9 +143,28 @@ def sample(
         probs = _filter(probs, [params[i] for i in sampled_rows])
         # exponential race: argmax(p / E), E ~ Exp(1), draws from p (cheaper than multinomial)
         noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+        for j, i in enumerate(sampled_rows):
+            seed = params[i].sampling_seed
+            if seed is not None:
+                if positions is None:
+                    raise ValueError("sampling_seed needs the positions of the sampled tokens")
+                g = torch.Generator().manual_seed(seed_at(seed, positions[i]))
+                noise[j].exponential_(1.0, generator=g)
         ids[rows] = (probs / noise).argmax(dim=-1)
     chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
     return ids, chosen
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def seed_at(seed: int, position: int) -> int:
+    """The generator seed of one (sampling_seed, position) draw: splitmix64 of the pair, so
+    neighbouring positions and seeds get unrelated streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1  # manual_seed takes a non-negative int64
 
 
 def _filter(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -247,7 +247,9 @@ class Demo:
     # -- evaluation --------------------------------------------------------------------
     async def evaluate(self, pool_url: str, server_url: str, tag: str) -> dict[str, list[dict[str, Any]]]:
         """Every split's episodes (results.jsonl rows) for the policy on `server_url`, with a
-        progress line per tenth of the episodes."""
+        progress line per tenth of the episodes. Seeded by the demo's seed: before, after and
+        the control meet the same draws per (task, sample) — common random numbers — so their
+        paired changes measure the policies, not the dice."""
         from actors.evaluate import EvalTarget, evaluate
 
         cfg = self.config()
@@ -267,7 +269,7 @@ class Demo:
 
             out_dir = self.run_dir / "eval" / f"{tag}-{split}"
             summary = await evaluate(rows, target, out_dir, cfg.actor, max_concurrent=self.o.actors * self.o.concurrency,
-                                     n_samples=self.o.eval_samples, on_result=on_result)
+                                     n_samples=self.o.eval_samples, on_result=on_result, seed=self.o.seed)
             out[split] = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines() if x.strip()]
             self.say(f"{tag}: {split} resolve rate {summary['resolve_rate']:.3f} "
                      f"({summary['resolved']}/{summary['episodes']} episodes of {summary['instances']} tasks; "

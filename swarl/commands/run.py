@@ -74,6 +74,7 @@ def eval_(
     step_limit: Annotated[int | None, typer.Option("--step-limit", help="Model turns per episode.")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Max new tokens per turn.")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed every episode's sampling (SGLang's sampling_seed, one per task and sample): two policies evaluated with one seed meet the same draws (common random numbers). Off: fresh draws.")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="Server key (or SWARL_INFERENCE_API_KEY).", envvar="SWARL_INFERENCE_API_KEY")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
@@ -100,5 +101,5 @@ def eval_(
     target = EvalTarget(server, api_key or cfg.actor.inference_api_key, cfg.pool.url, cfg.envd.token,
                         cfg.actor.tokenizer)
     summary = asyncio.run(evaluate(rows, target, out, cfg.actor, max_concurrent, n_samples,
-                                   on_result=lambda r: typer.echo(json.dumps(r), err=True)))
+                                   on_result=lambda r: typer.echo(json.dumps(r), err=True), seed=seed))
     typer.echo(json.dumps(summary))

@@ -90,3 +90,15 @@ def test_max_new_tokens_zero_and_abort_by_rid(engine):
         threading.Event().wait(0.01)
     assert engine.call(lambda: engine.abort("kill-me")).result(10) == 1
     assert ev.wait(10) and r.finish_reason["type"] == "abort"
+
+
+def test_a_sampling_seed_repeats_its_completion_whatever_runs_beside_it(engine):
+    def params(seed=None):
+        return SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True, sampling_seed=seed)
+
+    (alone,) = run(engine, [GenRequest(PROMPT, params(42))])
+    beside = run(engine, [GenRequest(PROMPT[:3], params()), GenRequest(PROMPT, params(42)),
+                          GenRequest([*PROMPT, 5, 6], params(7))])
+    assert beside[1].output_ids == alone.output_ids
+    others = run(engine, [GenRequest(PROMPT, params(s)) for s in range(43, 49)])
+    assert any(o.output_ids != alone.output_ids for o in others)  # another seed, another draw

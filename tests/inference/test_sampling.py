@@ -29,6 +29,26 @@ def test_sampling_follows_the_distribution_and_filters():
     assert ids.tolist() == [0] * 10 and torch.allclose(lps, LOGITS[0].repeat(10))
 
 
+def test_seeded_rows_draw_from_seed_and_position_alone():
+    n = 20_000
+    seeded = [SamplingParams(sampling_seed=s) for s in range(n)]
+    ids, _ = sample(LOGITS.repeat(n, 1), seeded, torch.Generator().manual_seed(0), [7] * n)
+    freq = torch.bincount(ids, minlength=4).float() / n  # over seeds: still the distribution
+    assert torch.allclose(freq, LOGITS.exp(), atol=0.015), freq
+    # one (seed, position): the same token whatever the generator or the rows beside it
+    p = SamplingParams(sampling_seed=11)
+    alone = [int(sample(LOGITS.unsqueeze(0), [p], torch.Generator().manual_seed(g), [pos])[0])
+             for g, pos in ((1, 3), (2, 3))]
+    mixed = sample(LOGITS.repeat(3, 1), [SamplingParams(), p, SamplingParams(sampling_seed=5)],
+                   torch.Generator().manual_seed(3), [9, 3, 3])[0]
+    assert alone[0] == alone[1] == int(mixed[1])
+    # positions and seeds each give their own stream
+    over_pos = sample(LOGITS.repeat(200, 1), [p] * 200, torch.Generator(), list(range(200)))[0]
+    assert len(set(over_pos.tolist())) == 4
+    with pytest.raises(ValueError, match="positions"):
+        sample(LOGITS.unsqueeze(0), [p], torch.Generator())
+
+
 def test_logprobs_are_temperature_scaled_unless_original(monkeypatch):
     scaled = torch.log_softmax(LOGITS / 0.5, dim=-1)
     _, lps = draw(50, temperature=0.5)
