@@ -67,7 +67,9 @@ def main() -> int:
     meta = data.get("meta", {})
     r0 = data["runs"][0]["result"]
     how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`: {r0['minutes']:g} min of training per seed, "
-           f"about {r0['samples_trained']} samples trained per seed; the control is the same run with lr 0.")
+           f"about {r0['samples_trained']} samples trained per seed; the control is the policy that did not "
+           f"learn (lr 0: the warm start's weights, loaded back from disk), evaluated again. Before, after and "
+           f"control share their sampling draws per (task, sample) (common random numbers, seeded by the seed).")
     if not OUT_PNG.exists():
         plot(agg, OUT_PNG)
     write_doc(DOC, markdown(agg, {"how": how}))
