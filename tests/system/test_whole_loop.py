@@ -173,11 +173,12 @@ async def test_max_staleness_zero_is_synchronous(redis_url, envd_factory, pool_f
                for i in range(2)]
     batch = 4
     o = await run_loop(tmp_path, redis_url, envd_factory, pool_factory, servers, tiny_model_dir, rows,
-                       n=2, epochs=2, **{"actor.step_limit": 6, "admission.batch_size": batch,
+                       n=2, epochs=1, **{"actor.step_limit": 6, "admission.batch_size": batch,
                                          "admission.max_staleness": 0})
     assert not o.failed, o.failed
     steps = await check_invariants(o, max_staleness=0)
     assert len(steps) == len(o.done) // batch  # every rollout trained: nothing stale, nothing left
+    assert len(steps) >= 2  # a version boundary was crossed (8 episodes, batch 4)
     by_version: dict[int, set[str]] = {}
     for s in o.watch.samples.values():
         by_version.setdefault(s.policy_version, set()).add(s.episode_id)
