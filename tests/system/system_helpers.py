@@ -17,7 +17,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
-from broker.wire import Sample, decode
+from broker.replay import ReplayReader
+from broker.wire import Sample
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,41 +54,42 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 @dataclass
 class StreamWatch:
-    """Reads the replay stream with XREAD (no consumer group: the learner's reads are not
-    disturbed) every `every` seconds and keeps each sample by id."""
+    """Reads the replay stream through a consumer group of its own ("test-watch", acking what
+    it reads) every `every` seconds and keeps each sample by id. A group of its own, created
+    before any sample is written, makes it lossless: the learner trims the stream only below
+    what every group has acknowledged (broker.replay), so an entry is never trained, acked and
+    trimmed before the watch has read it, however late this process is scheduled. The
+    learner's own group is not disturbed."""
 
     redis_url: str
     keys: Keys
     every: float = 0.2
     samples: dict[str, Sample] = field(default_factory=dict)
-    _last: str = "0-0"
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
 
-    def start(self) -> StreamWatch:
-        self._task = asyncio.create_task(self._run())
+    async def start(self) -> StreamWatch:
+        r = aioredis.Redis.from_url(self.redis_url)
+        reader = ReplayReader(r, self.keys, group="test-watch", consumer="watch-0")
+        await reader.ensure_group()
+        self._task = asyncio.create_task(self._run(r, reader))
         return self
 
-    async def _run(self) -> None:
-        r = aioredis.Redis.from_url(self.redis_url)
+    async def _run(self, r: aioredis.Redis, reader: ReplayReader) -> None:
         try:
             while not self._stop.is_set():
-                await self.poll(r)
+                await self.poll(reader)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.every)
-            await self.poll(r)
+            await self.poll(reader)
         finally:
             await r.aclose()
 
-    async def poll(self, r: aioredis.Redis) -> None:
-        while True:
-            got = await r.xread({self.keys.replay: self._last}, count=500)
-            if not got:
-                return
-            for sid, fields in got[0][1]:
-                self._last = sid.decode()
-                s = decode(fields[b"s"])
-                self.samples[s.sample_id] = s
+    async def poll(self, reader: ReplayReader) -> None:
+        while entries := await reader.read(count=500, block_ms=None):
+            for e in entries:
+                self.samples[e.sample.sample_id] = e.sample
+            await reader.ack([e.id for e in entries])
 
     async def stop(self) -> None:
         self._stop.set()

@@ -77,7 +77,7 @@ async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_facto
                                   "--epochs", str(epochs))
     assert enq.returncode == 0, enq.stderr
     ids = job_ids(KEYS, rows, n, epochs)
-    watch = StreamWatch(redis_url, KEYS).start()
+    watch = await StreamWatch(redis_url, KEYS).start()
     log = tmp_path / "learner.log"
     learner = start_swarl(log, "learner", "-c", str(cfg))
     actors = [start_actor(cfg, tmp_path / "actors", concurrency=2) for _ in range(2)]
