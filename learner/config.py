@@ -95,7 +95,8 @@ class LearnerConfig(Section):
     keep_checkpoints: int = Field(2, description="Checkpoints kept on disk (oldest removed).")
     max_steps: int | None = Field(None, description="Stop after this many optimizer steps (unset: run on).")
     idle_exit_s: float | None = Field(
-        None, description="Exit when no entry has arrived for this long (tests, benchmarks).")
+        None, description="Exit when no entry has arrived for this long since the last arrival "
+        "or the end of the last step, whichever is later (tests, benchmarks).")
     heartbeat_s: float = Field(5.0, description="How often the learner state hash is refreshed.")
     log_trained_ids: bool = Field(
         True, description="Append every trained sample id to <run.dir>/learner/trained.jsonl.")

@@ -91,6 +91,7 @@ class Learner:
                 batch = self.asm.take_batch(self.state.version)
                 if batch is not None:
                     await self._train(batch)
+                    last_arrival = time.monotonic()  # a step is not idle time: count from its end
                 else:
                     # entries dropped while no step happens (stale, late, duplicates) need no
                     # checkpoint: they will never train, so acknowledge them now

@@ -130,3 +130,36 @@ async def test_publishes_through_weight_sync(cfg, keys, small_model_dir) -> None
     for name, t in backend.named_tensors():
         assert torch.equal(got[name], t), name
     await r.aclose()
+
+
+async def test_idle_exit_counts_from_the_end_of_a_step(cfg, keys, small_model_dir, tmp_path) -> None:
+    """A step longer than idle_exit_s is not idleness: a batch that arrives soon after the step
+    ends is still trained."""
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0)
+    r = connect(cfg.redis.url)
+    writer = ReplayWriter(r, keys)
+    trainer = Trainer.single(TorchBackend(cfg.learner, small_model_dir), cfg.learner)
+    real_train = trainer.train
+
+    def slow_train(items):  # the step itself outlasts idle_exit_s
+        import time
+
+        time.sleep(1.5)
+        return real_train(items)
+
+    trainer.train = slow_train  # type: ignore[method-assign]
+    learner = Learner(learner_runtime(cfg), r, trainer, None)
+    task = asyncio.create_task(learner.run())
+    await writer.add([make_sample(f"a{g}", i, version=0) for g in range(2) for i in range(2)])
+    trained = tmp_path / "run" / "learner" / "trained.jsonl"
+    for _ in range(600):
+        if trained.exists() and trained.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    # the second batch comes 0.6 s after the first step: within idle_exit_s of the step's end,
+    # though 2 s after the last arrival
+    await asyncio.sleep(0.6)
+    await writer.add([make_sample(f"b{g}", i, version=1) for g in range(2) for i in range(2)])
+    state = await asyncio.wait_for(task, 60)
+    assert state.step == 2
+    await r.aclose()
