@@ -118,6 +118,18 @@ class SwarlWorker(Worker):
                 self._release_sem_dec_counter_on_complete()
             log.warning("worker_poll_failed", error=f"{type(e).__name__}: {e}", slots_released=leaked)
 
+    async def close(self) -> None:
+        """arq's close, after waiting for the job tasks without raising: arq gathers them
+        plainly, so one cancelled at shutdown while arq was finishing it (SIGTERM as a job is
+        taken up) raised CancelledError out of close() and skipped on_shutdown — the actor's
+        deregistration — and the pool's close."""
+        tasks = list(self.tasks.values())
+        for res in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(res, Exception):
+                log.warning("job_task_failed_at_shutdown", error=f"{type(res).__name__}: {res}")
+        self.tasks = {}
+        await super().close()
+
 
 @dataclass(frozen=True)
 class Job:

@@ -154,3 +154,26 @@ async def test_a_job_past_its_timeout_is_retried_then_failed_with_its_reason(red
 
 async def _not(coro) -> bool:
     return not await coro
+
+
+async def test_close_after_a_cancelled_job_task_still_runs_on_shutdown(redis_url):
+    """SIGTERM as a job is taken up leaves a cancelled job task; arq's close() re-raised its
+    CancelledError and skipped on_shutdown (the actor's deregistration)."""
+    from broker.tasks import create_worker, worker_settings
+    from swarl.config import load_config
+
+    cfg = load_config(None, [f"redis.url={redis_url}", "run.id=test"], environ={})
+    shut: list[bool] = []
+
+    async def rollout(ctx, payload):
+        return {}
+
+    async def on_shutdown(ctx):
+        shut.append(True)
+
+    worker = create_worker(worker_settings(cfg.queue, cfg.keys, redis_url, rollout, on_shutdown=on_shutdown))
+    task = asyncio.create_task(asyncio.sleep(3600))
+    worker.tasks["test:job"] = task
+    task.cancel()
+    await worker.close()
+    assert shut == [True] and task.cancelled()
