@@ -142,9 +142,8 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
         assert rc in (0, -signal.SIGTERM), b.log()[-3000:]
         wait_for(lambda: done() == total, 300, f"all {total} jobs done", procs)
         assert r.hlen(keys.jobs_failed) == 0, r.hgetall(keys.jobs_failed)
-        # B's cancelled job stays queued for arq to run again; if B had already written its
-        # samples (marked done with them) A takes it up, finds it done and ends it without a
-        # rerun — so the queue drains just after the last job is done, not necessarily with it
+        # a job is marked done with its samples, and arq removes its queue entry and claim a
+        # moment later (its finish): the queue drains just after the last done mark, not with it
         wait_for(lambda: r.zcard(keys.queue) == 0 and in_flight() == 0, 60, "the queue drained", procs)
         assert a.proc.poll() is None, "actor A was restarted or died"
 
