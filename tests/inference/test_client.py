@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import h11
 import pytest
 
 from common.services import free_port
@@ -47,29 +48,25 @@ class HangUp:
                 continue
             with conn:
                 conn.settimeout(5)
-                request = self._read_request(conn)
-                self.requests.append(request.split("\r\n", 1)[0])
+                self.requests.append(self._read_request(conn))
 
     @staticmethod
     def _read_request(conn: socket.socket) -> str:
-        # Read the whole request (head and Content-Length body) before closing: closing with
-        # unread bytes sends a reset, which the client sees as ReadError instead of a clean
-        # end of stream (RemoteProtocolError) — the flake CI once hit.
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return data.decode(errors="replace")
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return head.decode(errors="replace")
+        """The request line, after reading the whole request (h11): closing with unread bytes
+        sends a reset, which the client sees as ReadError instead of a clean end of stream
+        (RemoteProtocolError) — the flake CI once hit."""
+        parser, line = h11.Connection(h11.SERVER), ""
+        while True:
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError:  # the client went away mid-request
+                return line
+            if event is h11.NEED_DATA:
+                parser.receive_data(conn.recv(65536))  # b"" (the peer closed) ends the message
+            elif isinstance(event, h11.Request):
+                line = f"{event.method.decode()} {event.target.decode()} HTTP/{event.http_version.decode()}"
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return line
 
     def close(self) -> None:
         self.stop.set()
