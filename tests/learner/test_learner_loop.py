@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -142,8 +143,6 @@ async def test_idle_exit_counts_from_the_end_of_a_step(cfg, keys, small_model_di
     real_train = trainer.train
 
     def slow_train(items):  # the step itself outlasts idle_exit_s
-        import time
-
         time.sleep(1.5)
         return real_train(items)
 
