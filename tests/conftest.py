@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 
+import ast_guard
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -15,6 +16,8 @@ import redis.asyncio as aioredis
 from broker.keys import Keys
 from common.services import RedisProcess, ensure_docker, start_redis
 from swarl.config import SwarlConfig, load_config
+
+ast_guard.install()  # before pytest parses (rewrites) the test modules
 
 
 @pytest.fixture(scope="session")

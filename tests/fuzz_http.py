@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 
-# Imported while the tests are collected, not first inside a test: pytest rewrites schemathesis
-# (a pytest plugin) as it is imported, and on CPython 3.11.7 one such ast.parse deep inside a
-# running test raised "SystemError: AST constructor recursion depth mismatch" in CI.
+# Imported while the tests are collected: pytest rewrites schemathesis (a pytest plugin) as it is
+# imported, and that parse is better done once, before any test (see tests/ast_guard.py).
 import schemathesis
 import schemathesis.specs.openapi.schemas
 
