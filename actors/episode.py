@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,13 +98,18 @@ def make_agent(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncode
                  judge=judge, sampling_seed=job.sampling_seed)
 
 
-async def run_episode(agent: Agent, job: EpisodeJob) -> EpisodeResult:
+async def run_episode(agent: Agent, job: EpisodeJob,
+                      on_generated: Callable[[], Awaitable[None]] | None = None) -> EpisodeResult:
     """The agent's loop on the job's task, then evaluation, reward and samples. On an exception
-    the agent keeps what the loop did so far (its steps and messages)."""
+    the agent keeps what the loop did so far (its steps and messages). `on_generated` is awaited
+    once the policy has written its last turn, before grading: the caller lets go of the
+    inference server there (grading a patch can take minutes and needs no policy)."""
     cfg, env = agent.cfg, agent.env
     t0 = time.monotonic()
     try:
         res = await agent.run(job.task, job.instance)
+        if on_generated is not None:
+            await on_generated()
         evaluation, eval_time = None, 0.0
         if res.patch.strip():
             t1 = time.monotonic()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,11 @@ class LeasedEpisodes:
         return await asyncio.to_thread(load_encoder, path)
 
     async def run(self, job: EpisodeJob, policy: ServerPolicy, pinned_version: int | None,
-                  meta: dict[str, Any] | None = None) -> EpisodeResult:
+                  meta: dict[str, Any] | None = None,
+                  on_generated: Callable[[], Awaitable[None]] | None = None) -> EpisodeResult:
         """One episode of `job` with `policy` (pinned_version None: no weight-version check).
-        InfraError for any infrastructure failure; `meta` goes to the trajectory's meta.json."""
+        InfraError for any infrastructure failure; `meta` goes to the trajectory's meta.json;
+        `on_generated` is awaited between the policy's last turn and grading (run_episode)."""
         agent: Agent | None = None
         ep: EpisodeResult | None = None
         error: BaseException | None = None
@@ -89,7 +92,7 @@ class LeasedEpisodes:
                 env = PoolEnv(self.pool, lease, job.instance, self.cfg.cwd, self.cfg.exec_env)
                 agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
                                    self._step_judge(job, encoder))
-                ep = await run_episode(agent, job)
+                ep = await run_episode(agent, job, on_generated)
             return ep
         except BaseException as e:
             error = e

@@ -1,6 +1,8 @@
 """One rollout job against the real services: admission → pin → leased episode → samples →
-replay stream. The pin and (when nothing trainable was produced) the admission slot are released in a
-`finally` shielded from cancellation; the lease and the trajectory are the leased episode's."""
+replay stream. The pin is let go once the policy's last turn is generated (grading needs no
+server, and a draining server waits for its pins), and again in a `finally` shielded from
+cancellation with (when nothing trainable was produced) the admission slot; the lease and the
+trajectory are the leased episode's."""
 
 from __future__ import annotations
 
@@ -138,9 +140,20 @@ class Rollouts:
             renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
             policy = ServerPolicy(server.url, self.api_key, self.a.generate_timeout_s)
             version = server.version or 0
+            pinned = server
+
+            async def let_go() -> None:
+                # the last turn is generated: the pin held the server's weights for this
+                # episode's turns only; a weight update must not wait for grading too
+                stop_renewing.set()
+                with contextlib.suppress(Exception):  # not a cancellation: that ends the episode
+                    await renew
+                with contextlib.suppress(Exception):
+                    await self.servers.unpin(pinned.id, pin_id)
+
             ep = await self.episodes.run(job, policy, version, meta={
                 "server": server.url, "server_id": server.id, "policy_version": version,
-                "job_try": job_try})
+                "job_try": job_try}, on_generated=let_go)
             await self.writer.add(ep.samples, done_job=job.job_id)
             trainable = not ep.masked
             self.totals["episodes"] += 1

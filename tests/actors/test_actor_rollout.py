@@ -70,6 +70,41 @@ async def test_scripted_fix_resolves_and_wrong_fix_is_minus_one(scripted, pool_s
         await r.aclose()
 
 
+async def test_the_pin_holds_the_turns_not_the_grading(scripted, pool_server, redis_url,
+                                                       tiny_model_dir, tmp_path, test_image):
+    """A draining server waits for its pins to end: an episode lets go of its server once its
+    last turn is generated, and grades its patch (a fresh container, the repo's tests) after."""
+    import time
+
+    server, (fix_row, _) = scripted
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key))
+    r = connect(redis_url)
+    reg = ServerRegistry(r, KEYS)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        task = asyncio.create_task(ro.run(payload(fix_row)))
+        pinned_at = unpinned_at = None
+        while not task.done():
+            (info,) = await reg.list()
+            if info.pins and pinned_at is None:
+                pinned_at = time.monotonic()
+            if not info.pins and pinned_at is not None and unpinned_at is None:
+                unpinned_at = time.monotonic()
+            await asyncio.sleep(0.02)
+        done_at = time.monotonic()
+        assert (await task)["resolved"]
+        assert pinned_at is not None and unpinned_at is not None
+        eval_time = (await _replay(r))[0].metrics["eval_time"]
+        assert eval_time > 0.5
+        # before this, the pin lasted until the samples were written: milliseconds from the end
+        assert done_at - unpinned_at >= 0.8 * eval_time, (done_at - unpinned_at, eval_time)
+        assert (await reg.list())[0].pins == 0
+    finally:
+        await ro.aclose()
+        await r.aclose()
+
+
 async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_dir, tmp_path):
     from common.services import free_port
 
