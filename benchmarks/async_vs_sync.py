@@ -213,6 +213,7 @@ class Bench:
         budget = o.minutes * 60
         published: dict[int, float] = {}
         everywhere: dict[int, float] = {}
+        anywhere: dict[int, float] = {}  # the first server at a version: what new episodes wait for
         busy: list[tuple[float, float, int]] = []  # (time, rollout_busy_s, slots)
         slots = o.actors * o.concurrency
         scaled_at = None
@@ -236,6 +237,8 @@ class Bench:
                 if vs:
                     for v in range(min(vs) + 1):
                         everywhere.setdefault(v, now)
+                    for v in range(max(vs) + 1):
+                        anywhere.setdefault(v, now)
                 b = float(await r.hget(keys.stats, "rollout_busy_s") or 0.0)
                 busy.append((now, b, slots))
                 await asyncio.sleep(0.25)
@@ -259,7 +262,7 @@ class Bench:
         for i in range(o.servers):
             self.procs.stop(f"{run_id}-server-{i}", 30)
         return summarize(run_id, eta, self.dir / run_id / "metrics.jsonl", published, everywhere,
-                         busy, lat, o.batch, scaled_at)
+                         busy, lat, o.batch, scaled_at, anywhere)
 
     def close(self) -> None:
         self.procs.stop_all(30)
@@ -278,12 +281,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, float],
               everywhere: dict[int, float], busy: list[tuple[float, float, int]],
-              lat: dict[str, float], batch: int, scaled_at: float | None) -> dict[str, Any]:
+              lat: dict[str, float], batch: int, scaled_at: float | None,
+              anywhere: dict[int, float] | None = None) -> dict[str, Any]:
     rows = read_metrics(metrics_path)
     out: dict[str, Any] = {"run": run_id, "eta": eta, "steps": len(rows), "durations": list(lat.values())}
     if len(rows) < 2:
         out.update(samples_per_min=0.0, episodes_per_min=0.0, learner_idle=1.0, actor_idle=float("nan"),
-                   staleness={}, max_staleness_seen=0, sync_s=float("nan"), publish_s=float("nan"),
+                   staleness={}, max_staleness_seen=0, sync_s=float("nan"), first_s=float("nan"),
+                   publish_s=float("nan"),
                    reward=[], step_period_s=float("nan"))
         return out
     t1, tn = rows[0]["time"], rows[-1]["time"]
@@ -312,6 +317,8 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
     out["max_staleness_seen"] = max((a for a, n in stale.items() if n), default=0)
     lags = [everywhere[v] - published[v] for v in published if v > 0 and v in everywhere]
     out["sync_s"] = sum(lags) / len(lags) if lags else float("nan")
+    firsts = [anywhere[v] - published[v] for v in published if v > 0 and v in (anywhere or {})]
+    out["first_s"] = sum(firsts) / len(firsts) if firsts else float("nan")
     out["publish_s"] = sum(float(x.get("publish_s", 0)) for x in rows) / len(rows)
     out["reward"] = [(round(x["time"] - t1, 2), float(x.get("reward_mean", 0.0))) for x in rows]
     out["dropped"] = {k: v for k, v in rows[-1].items() if k.startswith("dropped/")}
@@ -399,14 +406,16 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
     by = {r["run"]: r for r in results}
     base = by.get("bench-eta0", {}).get("samples_per_min") or float("nan")
     headers = ["setting", "steps", "samples/min", "episodes/min", "speedup", "learner idle",
-               "actor idle", "staleness (age: samples)", "max age", "sync s", "publish s"]
+               "actor idle", "staleness (age: samples)", "max age", "first server s", "every server s",
+               "publish s"]
     table = []
     for r in results:
         table.append([r["run"].removeprefix("bench-"), r["steps"], round(r["samples_per_min"], 1),
                       round(r["episodes_per_min"], 2), round(r["samples_per_min"] / base, 2),
                       round(r["learner_idle"], 3), round(r["actor_idle"], 3),
                       " ".join(f"{a}:{n}" for a, n in r["staleness"].items()), r["max_staleness_seen"],
-                      round(r["sync_s"], 2), round(r["publish_s"], 3)])
+                      round(r.get("first_s", float("nan")), 2), round(r["sync_s"], 2),
+                      round(r["publish_s"], 3)])
     med = sorted(durations)[len(durations) // 2] if durations else float("nan")
     p95 = sorted(durations)[int(0.95 * (len(durations) - 1))] if durations else float("nan")
     summary: dict[str, Any] = {"ideal_speedup": round(ideal, 3), "batch": o.batch, "minutes": o.minutes,
@@ -424,6 +433,9 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         summary[f"learner_idle_{tag}"] = round(r["learner_idle"], 3)
         summary[f"actor_idle_{tag}"] = round(r["actor_idle"], 3)
         summary[f"max_staleness_seen_{tag}"] = r["max_staleness_seen"]
+        summary[f"stale_dropped_{tag}"] = int(r.get("dropped", {}).get("dropped/stale", 0))
+        summary[f"first_server_s_{tag}"] = round(r.get("first_s", float("nan")), 1)
+        summary[f"every_server_s_{tag}"] = round(r["sync_s"], 1)
         summary[f"staleness_bound_kept_{tag}"] = r["max_staleness_seen"] <= e
     if "speedup_eta2" in summary:
         summary["speedup_eta2_vs_ideal"] = round(summary["speedup_eta2"] / ideal, 3)
