@@ -20,8 +20,9 @@ class Admission:
     """
     _RELEASE = """
     local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-    if n > 0 then return redis.call('DECR', KEYS[1]) end
-    return 0
+    local k = math.min(n, tonumber(ARGV[1]))
+    if k > 0 then return redis.call('DECRBY', KEYS[1], k) end
+    return n
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, cfg: AdmissionConfig) -> None:
@@ -37,9 +38,11 @@ class Admission:
                                    args=[self.cfg.max_staleness, self.cfg.batch_size])
         return bool(ok)
 
-    async def release(self) -> None:
-        """Give a slot back: the rollout failed before producing samples."""
-        await self._release(keys=[self.keys.admission_started])
+    async def release(self, n: int = 1) -> None:
+        """Give `n` slots back: rollouts that ended without trainable samples (the actor), or
+        whose samples the learner dropped untrained (stale, incomplete, too small a group)."""
+        if n > 0:
+            await self._release(keys=[self.keys.admission_started], args=[n])
 
     async def capacity(self) -> dict[str, int]:
         started, v = await self.redis.mget(self.keys.admission_started, self.keys.policy_current)

@@ -10,12 +10,18 @@ episodes with policy_version < version - max_staleness are dropped and counted p
 Every entry ends *decided* (trained or dropped); decided stream ids and sample ids are handed
 to the loop, which records them in the next checkpoint and only then acknowledges them.
 Entries still held (incomplete groups) stay pending in Redis, so a restart re-reads them.
+
+An episode that wrote trainable samples keeps its admission slot (broker.admission) until the
+learner trains it; one the learner drops instead (stale, incomplete, too small a group, late)
+is counted in `take_give_back()`, and the loop returns its slot. Otherwise every drop would
+shrink the rollout capacity for the rest of the run, and (max_staleness + 1) x batch_size
+dropped episodes would stop the actors for good. Masked episodes gave their slot back already.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from broker.replay import Entry
@@ -104,6 +110,10 @@ class Assembler:
         self.pending_ids: list[str] = []
         self.dropped: Counter[str] = Counter()       # reason -> samples
         self.dropped_stale: Counter[int] = Counter()  # age -> samples
+        # episodes dropped while holding an admission slot, not yet handed back (see above);
+        # the ids already counted, so an episode's late steps are not counted twice (bounded)
+        self._give_back = 0
+        self._given_back: OrderedDict[str, None] = OrderedDict()
 
     # -- intake ------------------------------------------------------------------------
     def add(self, entries: list[Entry]) -> None:
@@ -113,13 +123,15 @@ class Assembler:
             if s.sample_id in self.consumed or s.sample_id in self.held:
                 self._drop([e], "duplicate", mark_consumed=False)
                 continue
+            ep_id = s.episode_id or f"{s.group_id}/{s.sample_index}"
             if s.group_id in self.closed_groups or s.group_id in self._ready_ids:
                 self._drop([e], "late")
+                if not s.masked:
+                    self._count_give_back(ep_id)
                 continue
             g = self.groups.get(s.group_id)
             if g is None:
                 g = self.groups[s.group_id] = Group(s.group_id, now)
-            ep_id = s.episode_id or f"{s.group_id}/{s.sample_index}"
             ep = g.episodes.get(ep_id)
             if ep is None:
                 ep = g.episodes[ep_id] = Episode(ep_id, max(1, s.steps_total))
@@ -136,6 +148,32 @@ class Assembler:
             self.held.discard(e.sample.sample_id)
             if mark_consumed:
                 self.consumed.add(e.sample.sample_id)
+
+    def _drop_episode(self, ep: Episode, reason: str, age: int | None = None) -> None:
+        """Drop all of `ep` (never trained): its admission slot goes back unless it was masked;
+        `age`: versions behind, for a stale episode."""
+        if age is not None:
+            self.dropped_stale[age] += len(ep.entries)
+        self._drop(list(ep.entries.values()), reason)
+        if not ep.masked:
+            self._count_give_back(ep.episode_id)
+
+    def _count_give_back(self, episode_id: str) -> None:
+        if episode_id in self._given_back:
+            return
+        self._given_back[episode_id] = None
+        if len(self._given_back) > 100_000:
+            self._given_back.popitem(last=False)
+        self._give_back += 1
+
+    def take_give_back(self) -> int:
+        """Episodes dropped since the last call that still held an admission slot."""
+        n, self._give_back = self._give_back, 0
+        return n
+
+    def owe_give_back(self, n: int) -> None:
+        """Slots taken but not handed back (Redis away): handed back with the next ones."""
+        self._give_back += n
 
     def _close(self, g: Group, decided: bool) -> None:
         """No more samples join `g`; once decided (dropped or trained) the checkpoint records it."""
@@ -161,24 +199,23 @@ class Assembler:
                 continue
             if not complete and self.partial_groups == "drop":
                 self._close(g, decided=True)
-                self._drop(g.entries(), "group_timeout")
+                for ep in g.episodes.values():
+                    self._drop_episode(ep, "group_timeout")
                 continue
             usable: list[Episode] = []
             for ep in g.episodes.values():
                 if not ep.complete:
-                    self._drop(list(ep.entries.values()), "incomplete_episode")
+                    self._drop_episode(ep, "incomplete_episode")
                 elif ep.masked:
-                    self._drop(list(ep.entries.values()), "masked")
+                    self._drop_episode(ep, "masked")
                 elif ep.policy_version < version - self.max_staleness:
-                    age = version - ep.policy_version
-                    self.dropped_stale[age] += len(ep.entries)
-                    self._drop(list(ep.entries.values()), "stale")
+                    self._drop_episode(ep, "stale", age=version - ep.policy_version)
                 else:
                     usable.append(ep)
             if len(usable) < max(1, self.min_group_episodes):
                 self._close(g, decided=True)
                 for ep in usable:
-                    self._drop(list(ep.entries.values()), "small_group")
+                    self._drop_episode(ep, "small_group")
                 continue
             self._close(g, decided=False)
             out.append(ReadyGroup(g.group_id, usable))
@@ -193,14 +230,13 @@ class Assembler:
             keep = [ep for ep in rg.episodes if ep.policy_version >= version - self.max_staleness]
             for ep in rg.episodes:
                 if ep not in keep:
-                    self.dropped_stale[version - ep.policy_version] += len(ep.entries)
-                    self._drop(list(ep.entries.values()), "stale")
+                    self._drop_episode(ep, "stale", age=version - ep.policy_version)
             if len(keep) >= max(1, self.min_group_episodes):
                 fresh.append(ReadyGroup(rg.group_id, keep))
             else:
                 self._decide(rg.group_id)
                 for ep in keep:
-                    self._drop(list(ep.entries.values()), "small_group")
+                    self._drop_episode(ep, "small_group")
         self._ready = fresh
         if sum(len(g.episodes) for g in fresh) < self.batch_size:
             return None

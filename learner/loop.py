@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from broker.admission import Admission
 from broker.registry import PolicyRegistry
 from broker.replay import ReplayReader
 from common.logs import get_logger
@@ -52,6 +53,7 @@ class Learner:
         self.run_dir = Path(rt.run_dir)
         self.reader = ReplayReader(redis, keys, group=rt.replay.group, consumer=consumer)
         self.policy = PolicyRegistry(redis, keys)
+        self.admission = Admission(redis, keys, rt.admission)
         self.asm = Assembler(
             n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
             max_staleness=rt.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
@@ -89,6 +91,7 @@ class Learner:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)
                 batch = self.asm.take_batch(self.state.version)
+                await self._give_back()
                 if batch is not None:
                     await self._train(batch)
                     last_arrival = time.monotonic()  # a step is not idle time: count from its end
@@ -108,6 +111,18 @@ class Learner:
             await self._heartbeat(force=True, status="stopped")
             self.metrics.close()
         return self.state
+
+    async def _give_back(self) -> None:
+        """Admission slots of the episodes just dropped untrained (learner.assembly). Not
+        checkpointed: after a crash the re-read drops give their slots back again, which only
+        lets a few more rollouts start; the staleness bound is the learner's drop rule."""
+        n = self.asm.take_give_back()
+        if n:
+            try:
+                await self.admission.release(n)
+            except Exception as e:  # Redis away past its retries: the slots are retried next round
+                self.asm.owe_give_back(n)
+                log.warning("admission_give_back_failed", episodes=n, error=str(e))
 
     async def _train(self, batch: Batch) -> None:
         items, rstats = batch_items(batch, self.lcfg)

@@ -43,3 +43,14 @@ async def test_release_never_negative(aredis, keys):
     a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=1))
     await a.release()
     assert (await a.capacity())["started"] == 0
+
+
+async def test_release_n_gives_back_at_most_what_was_started(aredis, keys):
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=4))
+    assert all([await a.try_start() for _ in range(4)]) and not await a.try_start()
+    await a.release(3)
+    assert (await a.capacity())["free"] == 3
+    await a.release(10)
+    assert (await a.capacity())["started"] == 0
+    await a.release(0)
+    assert (await a.capacity())["started"] == 0

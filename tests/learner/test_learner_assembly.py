@@ -134,3 +134,41 @@ async def test_ready_groups_wait_for_a_full_batch_and_can_go_stale(stream) -> No
     batch = asm.take_batch(2)
     assert sorted(g.group_id for g in batch.groups) == ["b", "c"]
     assert asm.dropped_stale == {2: 2}
+
+
+async def test_episodes_dropped_untrained_give_their_admission_slot_back(stream) -> None:
+    """One slot per episode (not per sample) for every episode dropped after it wrote
+    trainable samples; none for masked episodes (the actor gave theirs back) or duplicates, and
+    an incomplete episode's late steps do not count it twice."""
+    writer, reader = stream
+    two_steps = {"steps_total": 2}
+    samples = [make_sample("stale", i, version=0, step_index=k, **two_steps)
+               for i in range(2) for k in range(2)]                             # 2 episodes
+    samples += [make_sample("fresh", i, version=3) for i in range(2)]          # trained
+    samples += [make_sample("masked", 0, version=3, masked=True),
+                make_sample("masked", 1, version=0)]                           # 1 stale + 1 masked
+    samples += [make_sample("partial", 0, version=3, step_index=0, **two_steps),  # incomplete
+                make_sample("partial", 1, version=3)]
+    await writer.add(samples)
+    clock = Clock()
+    asm = Assembler(n_per_group=2, batch_size=2, max_staleness=1, group_timeout_s=60, clock=clock)
+    asm.add(await read_all(reader))
+    batch = asm.take_batch(version=3)
+    assert batch is not None and [g.group_id for g in batch.groups] == ["fresh"]
+    assert asm.dropped["stale"] == 5 and asm.dropped["masked"] == 1
+    assert asm.take_give_back() == 3   # stale: two episodes of "stale", one of "masked"
+    assert asm.take_give_back() == 0
+    # "partial" times out and is used without its incomplete episode
+    clock.t += 61
+    assert asm.take_batch(version=3) is None
+    assert asm.dropped["incomplete_episode"] == 1 and asm.take_give_back() == 1
+    # the incomplete episode's last step arrives late; a duplicate arrives: no more slots
+    await writer.add([make_sample("partial", 0, version=3, step_index=1, **two_steps),
+                      make_sample("fresh", 0, version=3)])
+    asm.add(await read_all(reader))
+    assert asm.dropped["late"] == 1 and asm.dropped["duplicate"] == 1
+    assert asm.take_give_back() == 0
+    # a straggler of a decided group, never seen before, gives its slot back once
+    await writer.add([make_sample("fresh", 2, version=3)])
+    asm.add(await read_all(reader))
+    assert asm.take_give_back() == 1

@@ -98,6 +98,28 @@ async def test_dropped_entries_are_acked_without_a_step(cfg, keys, small_model_d
     await r.aclose()
 
 
+async def test_dropped_episodes_give_their_admission_slots_back(cfg, keys, small_model_dir) -> None:
+    """Episodes the learner drops untrained must not hold rollout capacity: without this, every
+    stale drop shrank it for the rest of the run, and (max_staleness + 1) x batch_size drops
+    stopped the actors for good."""
+    from broker.admission import Admission
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=0.5)
+    r = connect(cfg.redis.url)
+    admission = Admission(r, keys, cfg.admission)
+    await r.set(keys.policy_current, 4)
+    await r.set(keys.admission_started, 4 * 4 + 4)  # version 4's batch full: 4 rollouts running
+    assert (await admission.capacity())["free"] == 0
+    # two of those rollouts (one group) finish on version 1: too stale for version 4
+    await ReplayWriter(r, keys).add([make_sample("old", i, version=1) for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir), cfg.learner), None,
+                      LearnerState(step=4, version=4))
+    await learner.run()
+    assert learner.asm.dropped["stale"] == 2
+    assert (await admission.capacity())["free"] == 2  # their two slots are free again
+    await r.aclose()
+
+
 async def test_publishes_through_weight_sync(cfg, keys, small_model_dir) -> None:
     """The real publisher (weight_sync.make_publisher, coordinator off): versions land on disk
     with a manifest in the registry, loadable as the HF model the learner trains."""
