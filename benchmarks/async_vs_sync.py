@@ -497,6 +497,9 @@ def main(argv: list[str] | None = None) -> None:
         plot(results, Path(o.png))
         summary = report(o, results, run_dir)
     else:
+        from common.procs import sigterm_interrupts
+
+        sigterm_interrupts()  # a stopped benchmark stops its processes and their containers
         summary = asyncio.run(main_async(o))
     print(json.dumps(summary, sort_keys=True))
 

@@ -30,6 +30,13 @@ def swarl_exe() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "swarl.cli"]
 
 
+def sigterm_interrupts() -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, in a process that orchestrates a
+    ProcessGroup: its `finally` then stops every child. Python's default for SIGTERM ends the
+    process at once and leaves its children (Redis, envd and its containers, servers) running."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def terminate(popen: subprocess.Popen[bytes], timeout: float = 30.0, group: bool = False) -> int | None:
     """SIGTERM (the process, or its whole group), wait up to `timeout`, then SIGKILL."""
     def send(sig: int) -> None:

@@ -48,6 +48,9 @@ def demo(
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
                        train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
                        sets=tuple(sets or ()), prm=prm, control=control)
+    from common.procs import sigterm_interrupts
+
+    sigterm_interrupts()  # `timeout`, systemd or CI stopping the demo stop its processes too
     try:
         if seeds:
             try:
