@@ -105,6 +105,12 @@ class Keys:
         """Counter: rollouts started (and not released) since the run began."""
         return f"{self.base}:admission:started"
 
+    @property
+    def admission_per_version(self) -> str:
+        """Int: episodes the learner trains per policy version (batch_size x update_every);
+        absent: admission.batch_size."""
+        return f"{self.base}:admission:per_version"
+
     # -- stats --------------------------------------------------------------------------
     @property
     def stats(self) -> str:

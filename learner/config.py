@@ -88,7 +88,8 @@ class LearnerConfig(Section):
     publish: Literal["weight_sync", "none"] = Field(
         "weight_sync", description="weight_sync: hand each new version to weight_sync.make_publisher; "
         "none: only bump the version (learner-only tests and benchmarks).")
-    update_every: int = Field(1, description="Publish a new policy version every this many steps.")
+    update_every: int = Field(1, ge=1, description="Publish a new policy version every this many "
+                              "steps (admission then lets batch_size x this many rollouts start per version).")
     checkpoint_every: int = Field(
         1, description="Checkpoint every this many steps; entries are acknowledged only after "
         "the checkpoint that records them, so kill -9 + --resume trains each sample once.")

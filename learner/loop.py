@@ -76,6 +76,7 @@ class Learner:
         truncate_after(self.trained.path, self.state.step)
         truncate_after(self.metrics.path, self.state.step)
         await self.reader.ensure_group()
+        await self.admission.set_per_version(self.lcfg.update_every)
         pending = await self.reader.claim_pending(min_idle_ms=0)
         self.asm.add(pending)
         log.info("learner_start", step=self.state.step, version=self.state.version,

@@ -54,3 +54,12 @@ async def test_release_n_gives_back_at_most_what_was_started(aredis, keys):
     assert (await a.capacity())["started"] == 0
     await a.release(0)
     assert (await a.capacity())["started"] == 0
+
+
+async def test_a_version_of_several_steps_admits_each_steps_rollouts(aredis, keys):
+    """learner.update_every 2 at max_staleness 0: a version is two batches of rollouts; admitting
+    one batch only left the learner's second step of the version waiting forever."""
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=3))
+    await a.set_per_version(2)
+    assert [await a.try_start() for _ in range(7)] == [True] * 6 + [False]
+    assert (await a.capacity())["per_version"] == 6
