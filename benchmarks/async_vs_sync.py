@@ -68,6 +68,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="run directory (default runs/async-vs-sync-<time>)")
     p.add_argument("--png", default=str(REPO / "benchmarks" / "async_vs_sync.png"))
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every setting (e.g. weight_sync.max_updating=3)")
     p.add_argument("--report", default=None, help="only report again from this run directory")
     o = p.parse_args(argv)
     if o.quick:
@@ -102,6 +104,7 @@ class Bench:
         from envd.images import build_task_images
         from inference.tiny_model import init_tiny
 
+        (self.dir / "overrides.json").write_text(json.dumps(self.o.sets))  # for --report
         self.redis = start_redis(self.dir / "redis")
         url = ensure_docker()
         os.environ["DOCKER_HOST"] = url
@@ -144,7 +147,8 @@ class Bench:
         }
         if self.pool_url:
             sets["pool.url"] = self.pool_url
-        cfg = load_config(CONFIG_DIR / "demo.yaml", [f"{k}={v}" for k, v in sets.items()], environ={})
+        cfg = load_config(CONFIG_DIR / "demo.yaml", [f"{k}={v}" for k, v in sets.items()] + o.sets,
+                          environ={})
         path = self.dir / f"{run_id}.yaml"
         path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return str(path)
@@ -448,7 +452,8 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
     notes = (
         f"Each setting: {o.actors} actors x {o.concurrency} episodes ({o.actors * o.concurrency} slots), "
         f"{o.servers} scripted servers, batch {o.batch} episodes ({o.batch // o.group} tasks x {o.group}), "
-        f"{o.minutes:g} min; the bundled train tasks in real containers (half scripted to the fix, half "
+        f"{o.minutes:g} min{'; config overrides ' + ', '.join(o.sets) if o.sets else ''}; the bundled "
+        "train tasks in real containers (half scripted to the fix, half "
         f"to a wrong fix), the tiny model trained by `swarl learner` (rolling disk weight sync every "
         f"step). Latency profile {o.latency.model_dump_json()}: episode delay p50 {med:.1f} s, p95 "
         f"{p95:.1f} s over {len(durations)} episodes; ideal speedup {ideal:.2f}. Rates are between a "
@@ -494,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
     if o.report:  # figures again from a finished run's results.json and metrics
         run_dir = Path(o.report)
         results = json.loads((run_dir / "results.json").read_text())
+        if (run_dir / "overrides.json").exists():
+            o.sets = json.loads((run_dir / "overrides.json").read_text())
         plot(results, Path(o.png))
         summary = report(o, results, run_dir)
     else:
