@@ -539,9 +539,16 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         from inference.weights import checksum, named_weights
 
         eng = srv().engine
-        digest = await eng.acall(lambda: checksum(named_weights(eng.model)))
-        return {"sha256": digest, "weight_version": eng.weight_version,
-                "num_tensors": len(named_weights(eng.model))}
+
+        def read() -> dict[str, Any]:
+            # the version with the weights it labels, on the engine's thread where updates are
+            # applied: read after the call returned, an update landing in between paired the
+            # new version with the old weights' digest
+            weights = named_weights(eng.model)
+            return {"sha256": checksum(weights), "weight_version": eng.weight_version,
+                    "num_tensors": len(weights)}
+
+        return await eng.acall(read)
 
     return app
 
