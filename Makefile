@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/swarl demo $(ARGS)
 
 # does the demo learn? the demo on seeds 0,1,2 with its control; writes benchmarks/demo_learning.{json,png}
-# and docs/demo.md's "Measured" section (~46 min; ARGS="--seeds 0,1" to shorten)
+# and docs/demo.md's "Measured" section (~38 min on 2 cores; ARGS="--seeds 0,1" to shorten)
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
 
