@@ -16,6 +16,8 @@ learner trains it; one the learner drops instead (stale, incomplete, too small a
 is counted in `take_give_back()`, and the loop returns its slot. Otherwise every drop would
 shrink the rollout capacity for the rest of the run, and (max_staleness + 1) x batch_size
 dropped episodes would stop the actors for good. Masked episodes gave their slot back already.
+So do the episodes of a step beyond batch_size (whole groups overshoot it): admission counts
+batch_size per step.
 """
 
 from __future__ import annotations
@@ -247,6 +249,9 @@ class Assembler:
             taken.append(rg)
             n += len(rg.episodes)
         self._ready = fresh
+        # admission counts batch_size episodes per step; whole groups can overshoot it, and the
+        # episodes beyond it would otherwise be charged to the capacity of the steps to come
+        self._give_back += n - self.batch_size
         ids, self.pending_ids = self.pending_ids, []
         stale: Counter[int] = Counter()
         for rg in taken:

@@ -172,3 +172,15 @@ async def test_episodes_dropped_untrained_give_their_admission_slot_back(stream)
     await writer.add([make_sample("fresh", 2, version=3)])
     asm.add(await read_all(reader))
     assert asm.take_give_back() == 1
+
+
+async def test_a_step_beyond_batch_size_gives_the_excess_slots_back(stream) -> None:
+    """Whole groups overshoot batch_size (3 here: two groups of 2 make 4); admission counts
+    batch_size per step, so the excess episode's slot goes back."""
+    writer, reader = stream
+    await writer.add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)])
+    asm = Assembler(n_per_group=2, batch_size=3, max_staleness=0, group_timeout_s=60)
+    asm.add(await read_all(reader))
+    batch = asm.take_batch(version=0)
+    assert batch is not None and batch.n_episodes == 4
+    assert asm.take_give_back() == 1
