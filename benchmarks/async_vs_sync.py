@@ -319,10 +319,12 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
                 stale[age] = stale.get(age, 0) + int(v)
     out["staleness"] = dict(sorted(stale.items()))
     out["max_staleness_seen"] = max((a for a, n in stale.items() if n), default=0)
-    lags = [everywhere[v] - published[v] for v in published if v > 0 and v in everywhere]
-    out["sync_s"] = sum(lags) / len(lags) if lags else float("nan")
-    firsts = [anywhere[v] - published[v] for v in published if v > 0 and v in (anywhere or {})]
-    out["first_s"] = sum(firsts) / len(firsts) if firsts else float("nan")
+    def mean_lag(reached: dict[int, float]) -> float:
+        """Mean seconds from a version's publication until `reached` records it."""
+        lags = [reached[v] - published[v] for v in published if v > 0 and v in reached]
+        return sum(lags) / len(lags) if lags else float("nan")
+
+    out["sync_s"], out["first_s"] = mean_lag(everywhere), mean_lag(anywhere or {})
     out["publish_s"] = sum(float(x.get("publish_s", 0)) for x in rows) / len(rows)
     out["reward"] = [(round(x["time"] - t1, 2), float(x.get("reward_mean", 0.0))) for x in rows]
     out["dropped"] = {k: v for k, v in rows[-1].items() if k.startswith("dropped/")}
