@@ -7,6 +7,16 @@ history: one sample per step, all sharing the episode's reward). A group is read
 judged when a group is taken for training, against the learner's version at that moment:
 episodes with policy_version < version - max_staleness are dropped and counted per age.
 
+A group waits for its slowest episode, and with heavy-tailed episodes that wait is what makes
+whole groups stale: at version v + max_staleness (the last step that may train version v) its
+finished episodes would be trained now or never. So a step takes, before anything else, the
+groups at their last chance: complete ones beyond batch_size too, and (`salvage`, with
+partial_groups "use") the finished episodes of open groups, at least two of them (fewer carry
+no group-relative advantage). Their episodes still running arrive late and are dropped (their
+slots given back then). The rest of the batch is filled oldest version first. At
+max_staleness 0 no group is salvaged: a synchronous step trains complete groups of the current
+version only.
+
 Every entry ends *decided* (trained or dropped); decided stream ids and sample ids are handed
 to the loop, which records them in the next checkpoint and only then acknowledges them.
 Entries still held (incomplete groups) stay pending in Redis, so a restart re-reads them.
@@ -78,6 +88,10 @@ class ReadyGroup:
     group_id: str
     episodes: list[Episode]
 
+    @property
+    def oldest(self) -> int:
+        return min(ep.policy_version for ep in self.episodes)
+
 
 @dataclass
 class Batch:
@@ -94,13 +108,15 @@ class Assembler:
     def __init__(self, n_per_group: int, batch_size: int, max_staleness: int,
                  group_timeout_s: float, partial_groups: str = "use", min_group_episodes: int = 1,
                  consumed: set[str] | None = None, closed_groups: set[str] | None = None,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, salvage: bool = True) -> None:
         self.n_per_group = n_per_group
         self.batch_size = batch_size
         self.max_staleness = max_staleness
         self.group_timeout_s = group_timeout_s
         self.partial_groups = partial_groups
         self.min_group_episodes = min_group_episodes
+        self.salvage = salvage and partial_groups == "use" and max_staleness > 0
+        self.salvaged = 0  # open groups trained at their last chance without their stragglers
         self.consumed: set[str] = set(consumed or ())
         self.closed_groups: set[str] = set(closed_groups or ())
         self.clock = clock
@@ -241,10 +257,14 @@ class Assembler:
                     self._drop_episode(ep, "small_group")
         self._ready = fresh
         if sum(len(g.episodes) for g in fresh) < self.batch_size:
-            return None
+            return None  # nothing goes stale while the learner waits: the version stays
+        last = version - self.max_staleness  # the oldest version this step may train, and the last
+        if self.salvage:
+            fresh += self._salvage(last)
+        fresh.sort(key=lambda rg: rg.oldest)  # stable: arrival order within a version
         taken: list[ReadyGroup] = []
         n = 0
-        while fresh and n < self.batch_size:
+        while fresh and (n < self.batch_size or fresh[0].oldest <= last):
             rg = fresh.pop(0)
             taken.append(rg)
             n += len(rg.episodes)
@@ -263,6 +283,31 @@ class Assembler:
                     self.held.discard(e.sample.sample_id)
                     self.consumed.add(e.sample.sample_id)
         return Batch(taken, ids, stale)
+
+    def _salvage(self, last: int) -> list[ReadyGroup]:
+        """Open groups whose finished episodes go stale after this step (see the module doc)."""
+        out: list[ReadyGroup] = []
+        for g in sorted(self.groups.values(), key=lambda g: g.first_seen):
+            usable = [ep for ep in g.episodes.values()
+                      if ep.complete and not ep.masked and ep.policy_version >= last]
+            if len(usable) < max(2, self.min_group_episodes):
+                continue
+            if min(ep.policy_version for ep in usable) > last:
+                continue  # it can still wait for its stragglers
+            keep = {id(ep) for ep in usable}
+            for ep in g.episodes.values():
+                if id(ep) in keep:
+                    continue
+                if not ep.complete:
+                    self._drop_episode(ep, "incomplete_episode")
+                elif ep.masked:
+                    self._drop_episode(ep, "masked")
+                else:
+                    self._drop_episode(ep, "stale", age=last + self.max_staleness - ep.policy_version)
+            self._close(g, decided=False)
+            self.salvaged += 1
+            out.append(ReadyGroup(g.group_id, usable))
+        return out
 
     def take_decided(self) -> list[str]:
         """Stream ids of the drops decided since the last batch (acked with the next checkpoint)."""

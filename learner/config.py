@@ -61,6 +61,11 @@ class LearnerConfig(Section):
         "use", description="Timed-out groups: use their complete episodes, or drop them (counted).")
     min_group_episodes: int = Field(
         1, description="A group needs at least this many usable (unmasked, fresh) episodes to train.")
+    salvage_groups: bool = Field(
+        True, description="max_staleness > 0 with partial_groups use: at the last step that may "
+        "train a group's version, train its finished episodes (two or more) instead of waiting for "
+        "its slowest one and losing them all to staleness; the stragglers arrive late and are "
+        "dropped (learner.assembly). Off: a group waits whole (or for group_timeout_s).")
     # -- objective ------------------------------------------------------------------------
     objective: Literal["decoupled", "tis", "ppo"] = Field(
         "decoupled", description="decoupled: decoupled PPO (clip against the proximal "

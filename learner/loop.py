@@ -58,6 +58,7 @@ class Learner:
             n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
             max_staleness=rt.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
             partial_groups=self.lcfg.partial_groups, min_group_episodes=self.lcfg.min_group_episodes,
+            salvage=self.lcfg.salvage_groups,
             consumed=set(self.state.consumed), closed_groups=set(self.state.closed_groups))
         self.asm.dropped.update(self.state.dropped)
         self.asm.dropped_stale.update({int(k): v for k, v in self.state.dropped_stale.items()})
@@ -215,6 +216,7 @@ class Learner:
         for reason, n in sorted(self.asm.dropped.items()):
             out[f"dropped/{reason}"] = n
         out["dropped/total"] = sum(self.asm.dropped.values())
+        out["groups_salvaged"] = self.asm.salvaged  # since this learner process started
         for age, n in sorted(self.asm.dropped_stale.items()):
             out[f"dropped_stale/age_{age}"] = n
         out.update(agent_metrics(batch))

@@ -184,3 +184,43 @@ async def test_a_step_beyond_batch_size_gives_the_excess_slots_back(stream) -> N
     batch = asm.take_batch(version=0)
     assert batch is not None and batch.n_episodes == 4
     assert asm.take_give_back() == 1
+
+
+async def test_a_group_at_its_last_chance_is_trained_without_its_straggler(stream) -> None:
+    """max_staleness 1: at version 3 the version-2 episodes are trained now or never. The
+    finished episodes of an open version-2 group are taken before anything else (beyond
+    batch_size); an open group that can still wait, and one with a single finished episode, wait.
+    The straggler arrives late: dropped, its slot given back once."""
+    writer, reader = stream
+    await writer.add([make_sample("old", i, version=2) for i in range(3)]      # 3 of 4 finished
+                     + [make_sample("lone", 0, version=2)]                      # 1 of 4
+                     + [make_sample("young", i, version=3) for i in range(3)]   # can wait
+                     + [make_sample(g, i, version=3) for g in ("a", "b") for i in range(4)])
+    asm = Assembler(n_per_group=4, batch_size=8, max_staleness=1, group_timeout_s=600)
+    asm.add(await read_all(reader))
+    batch = asm.take_batch(version=3)
+    assert batch is not None
+    assert [g.group_id for g in batch.groups] == ["old", "a", "b"]  # the oldest version first
+    assert batch.n_episodes == 11 and asm.salvaged == 1
+    assert asm.take_give_back() == 3  # 11 trained, 8 counted by admission for this step
+    assert set(asm.groups) == {"lone", "young"}
+    await writer.add([make_sample("old", 3, version=2)])
+    asm.add(await read_all(reader))
+    assert asm.dropped["late"] == 1 and asm.take_give_back() == 1
+
+
+@pytest.mark.parametrize("setting", ["synchronous", "salvage off", "partial groups dropped"])
+async def test_no_salvage_when_a_group_must_be_whole(stream, setting: str) -> None:
+    """max_staleness 0 (a synchronous step trains complete groups), salvage off, or
+    partial_groups drop: the open group is not trained without its straggler."""
+    writer, reader = stream
+    eta = 0 if setting == "synchronous" else 1
+    await writer.add([make_sample("old", i, version=3 - eta) for i in range(3)]
+                     + [make_sample(g, i, version=3) for g in ("a", "b") for i in range(4)])
+    asm = Assembler(n_per_group=4, batch_size=8, max_staleness=eta, group_timeout_s=600,
+                    salvage=setting != "salvage off",
+                    partial_groups="drop" if setting == "partial groups dropped" else "use")
+    asm.add(await read_all(reader))
+    batch = asm.take_batch(version=3)
+    assert batch is not None and [g.group_id for g in batch.groups] == ["a", "b"]
+    assert asm.salvaged == 0 and "old" in asm.groups
