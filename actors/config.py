@@ -104,6 +104,11 @@ class ActorConfig(Section):
                                     "reward-hack attempts are written (always kept for review).")
     traj_dir: str | None = Field(default=None, description="Trajectory directory. Unset: "
                                  "<run.dir>/trajectories (the slime plug-in then writes none).")
+    abandon_stale: bool = Field(
+        default=True, description="Stop an episode once the published policy version is more than "
+        "admission.max_staleness past its own: the learner could only drop its samples. It ends as one "
+        "masked sample (reason stale: its group completes, nothing is trained from it) and its slot "
+        "takes a fresh episode.")
     shutdown_grace_s: float = Field(default=30.0, description="On SIGTERM, how long running episodes may "
                                     "finish before they are cancelled and handed back to the queue.")
     prm: PrmConfig = Field(default_factory=PrmConfig)

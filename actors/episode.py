@@ -213,9 +213,9 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
 
 
 def failure_samples(encoder: ChatEncoder, templates: PromptTemplates, cfg: ActorConfig,
-                    job: EpisodeJob, policy_version: int, reason: str) -> list[Sample]:
-    """One masked sample for an episode lost to infrastructure: it completes the learner's group
-    without biasing it (masked samples are excluded from loss and group statistics)."""
+                    job: EpisodeJob, policy_version: int, reason: str, kind: str = "infra") -> list[Sample]:
+    """One masked sample for an episode lost (to infrastructure, or abandoned): it completes the
+    learner's group without biasing it (masked samples are excluded from loss and group statistics)."""
     variables = {"task": job.task, "instance": job.instance, "step_limit": cfg.step_limit,
                  "cwd": cfg.cwd}
     p = encoder.prompt(templates.render("system", **variables), templates.render("instance", **variables))
@@ -225,4 +225,4 @@ def failure_samples(encoder: ChatEncoder, templates: PromptTemplates, cfg: Actor
                    sample_index=job.sample_index, instance_id=job.instance_id,
                    policy_version=policy_version, sample_id=f"{job.job_id}:0",
                    episode_id=job.job_id, status="failed", step_index=0, steps_total=1,
-                   masked=True, mask_reason=f"infra:{reason}")]
+                   masked=True, mask_reason=f"{kind}:{reason}")]

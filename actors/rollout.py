@@ -2,7 +2,13 @@
 replay stream. The pin is let go once the policy's last turn is generated (grading needs no
 server, and a draining server waits for its pins), and again in a `finally` shielded from
 cancellation with (when nothing trainable was produced) the admission slot; the lease and the
-trajectory are the leased episode's."""
+trajectory are the leased episode's.
+
+An episode the learner can no longer train (the published version is more than max_staleness
+past its own: versions only rise, and the learner drops such samples) is stopped
+(actor.abandon_stale) rather than run to its end: with heavy-tailed episodes those are the
+longest, and the slot they would hold takes a fresh episode instead. It ends as one masked
+sample (reason "stale"), so its group is decided now and not at group_timeout_s."""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import os
 import socket
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from actors.backends import ServerPolicy
 from actors.episode import EpisodeJob, failure_samples
@@ -24,6 +31,7 @@ from broker.keys import PIN_TTL_S, SERVER_TTL_S
 from common.logs import get_logger
 
 log = get_logger("actors.rollout")
+T = TypeVar("T")
 
 
 class Rollouts:
@@ -60,6 +68,8 @@ class Rollouts:
         # server id -> until when this actor does not pin it: it refused connections (killed?)
         # while its registry entry stays fresh for up to SERVER_TTL_S
         self.unreachable: dict[str, float] = {}
+        # the published version, read at most once a second for all of this process's episodes
+        self._current: tuple[float, int] = (0.0, 0)
 
     async def warm_up(self) -> None:
         """Import the heavy modules and load the tokenizer off the event loop before taking
@@ -151,9 +161,11 @@ class Rollouts:
                 with contextlib.suppress(Exception):
                     await self.servers.unpin(pinned.id, pin_id)
 
-            ep = await self.episodes.run(job, policy, version, meta={
+            ep = await self._unless_stale(version, self.episodes.run(job, policy, version, meta={
                 "server": server.url, "server_id": server.id, "policy_version": version,
-                "job_try": job_try}, on_generated=let_go)
+                "job_try": job_try}, on_generated=let_go))
+            if ep is None:
+                return await self._abandoned(job, policy, version, t_busy)
             await self.writer.add(ep.samples, done_job=job.job_id)
             trainable = not ep.masked
             self.totals["episodes"] += 1
@@ -196,6 +208,53 @@ class Rollouts:
             self.running -= 1
             stop_renewing.set()
             await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not trainable))
+
+    async def _unless_stale(self, version: int, episode: Coroutine[Any, Any, T]) -> T | None:
+        """The episode's result, or None when it was stopped for going stale (see above)."""
+        if not self.a.abandon_stale:
+            return await episode
+        run = asyncio.ensure_future(episode)
+        watch = asyncio.create_task(self._outdated(version + self.rt.admission.max_staleness))
+        try:
+            await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not run.done():
+                run.cancel()
+                try:
+                    return await run  # it ended while being stopped: kept
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # this job is cancelled itself (shutdown), not stopped as stale
+                    return None
+            return run.result()
+        finally:
+            for t in (run, watch):
+                t.cancel()
+            await asyncio.gather(run, watch, return_exceptions=True)  # lease, pin, trajectory
+
+    async def _outdated(self, last: int) -> int:
+        """Returns once the published version is past `last` (a Redis blip is waited out)."""
+        while True:
+            at, cur = self._current
+            if time.monotonic() - at >= 1.0:
+                with contextlib.suppress(Exception):
+                    cur = await self.policies.current()
+                    self._current = (time.monotonic(), cur)
+            if cur > last:
+                return cur
+            await asyncio.sleep(1.0)
+
+    async def _abandoned(self, job: EpisodeJob, policy: ServerPolicy, version: int,
+                         t_busy: float) -> dict[str, Any]:
+        encoder = await self.episodes.encoder(policy)
+        samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, "stale",
+                                  kind="abandoned")
+        await self.writer.add(samples, done_job=job.job_id)
+        self.totals["episodes_abandoned_stale"] += 1
+        await self._stat("episodes_abandoned_stale", time.monotonic() - t_busy)
+        log.info("episode_abandoned_stale", job_id=job.job_id, version=version,
+                 current=self._current[1], max_staleness=self.rt.admission.max_staleness)
+        return {"masked": True, "reason": "stale", "version": version}
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
                        policy: ServerPolicy | None, release: bool) -> None:

@@ -105,6 +105,54 @@ async def test_the_pin_holds_the_turns_not_the_grading(scripted, pool_server, re
         await r.aclose()
 
 
+@pytest.mark.parametrize("eta", [0, 2])
+async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
+        redis_url, tiny_model_dir, pool_server, tmp_path, test_image, eta: int) -> None:
+    """Its policy is at version 0; once version max_staleness + 1 is published its samples could
+    only be dropped. The episode (a 20 s command) is stopped within seconds: one masked sample
+    (its group completes), the job done, slot, pin and container given back. At version
+    max_staleness it runs on: its samples may still be trained."""
+    import time
+
+    from fixtures_envd import TEST_IMAGE
+
+    from broker.registry import PolicyRegistry
+
+    row = calc_row(TEST_IMAGE, 3, "sleep")
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs", mode="sleep", sleep_s=20)
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key, **{"admission.max_staleness": eta}))
+    r = connect(redis_url)
+    reg, policies = ServerRegistry(r, KEYS), PolicyRegistry(r, KEYS)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        task = asyncio.create_task(ro.run(payload(row)))
+        while not (await reg.list())[0].pins:
+            assert not task.done(), task.result()
+            await asyncio.sleep(0.05)
+        if eta:
+            await policies.publish(eta, {})  # still trainable: nothing happens
+            await asyncio.sleep(2.5)
+            assert not task.done()
+        await policies.publish(eta + 1, {})
+        t0 = time.monotonic()
+        res = await asyncio.wait_for(task, 15)
+        assert time.monotonic() - t0 < 5, "not stopped: it ran its 20 s command"
+        assert res == {"masked": True, "reason": "stale", "version": 0}
+        (s,) = await _replay(r)
+        assert s.masked and s.mask_reason == "abandoned:stale" and s.policy_version == 0
+        assert s.loss_mask.sum() == 0 and s.steps_total == 1
+        assert await r.sismember(KEYS.jobs_done, payload(row)["job_id"])
+        assert int(await r.get(KEYS.admission_started) or 0) == 0
+        assert (await reg.list())[0].pins == 0
+        assert (await ro.pool.status())["leases"] == 0
+        assert ro.totals["episodes_abandoned_stale"] == 1
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.stop()
+
+
 async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_dir, tmp_path):
     from common.services import free_port
 
