@@ -44,7 +44,7 @@ lint: setup
 bench: setup
 	for b in benchmarks/*.py; do .venv/bin/python $$b || exit 1; done
 
-# asynchronous vs synchronous on swarl itself (~40 min; ARGS="--minutes 3" to shorten)
+# asynchronous vs synchronous on swarl itself (~45 min; ARGS="--minutes 3" to shorten)
 bench-async: setup
 	.venv/bin/python benchmarks/async_vs_sync.py $(ARGS)
 

@@ -6,7 +6,7 @@ profile (inference/latency.py: lognormal turns and per-token time per episode), 
 processes, and `swarl learner` training the tiny model for real with rolling weight sync (disk)
 — run max_staleness 0, 1, 2 and 4 one after another, each with the same actors, containers and
 wall-clock budget (a fresh run id: its own queue, stream, registry and run directory). Then, at
-max_staleness 2, the same number of actors again joins halfway through the budget.
+max_staleness 2, a run of twice the budget where the same number of actors again joins halfway.
 
 Per setting: trained samples (and episodes) per minute between the first and last learner
 step, the learner's idle fraction (1 - its busy seconds: step + checkpoint + publish, over that
@@ -17,7 +17,7 @@ learner's own publish seconds) and the reward curve. ideal_speedup = E[max of a 
 durations] / E[episode duration], from the delays the servers actually drew (bootstrap over all
 episodes). Writes a PNG and a section of benchmarks/RESULTS.md; the last line is one JSON object.
 
-    .venv/bin/python benchmarks/async_vs_sync.py            # ~40 min on 2 cores (make bench-async)
+    .venv/bin/python benchmarks/async_vs_sync.py            # ~45 min on 2 cores (make bench-async)
     .venv/bin/python benchmarks/async_vs_sync.py --quick    # ~4 min, what the test suite runs
 """
 
@@ -214,7 +214,9 @@ class Bench:
                 raise TimeoutError(f"{run_id}: no learner step within 600 s")
             await asyncio.sleep(0.25)
         t0 = time.time()
-        budget = o.minutes * 60
+        # the doubled run: a whole budget before the new actors join and one after (a half of
+        # one budget held too few steps after the join to measure a rate)
+        budget = o.minutes * 60 * (2 if scale else 1)
         published: dict[int, float] = {}
         everywhere: dict[int, float] = {}
         anywhere: dict[int, float] = {}  # the first server at a version: what new episodes wait for
@@ -461,7 +463,7 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         f"{p95:.1f} s over {len(durations)} episodes; ideal speedup {ideal:.2f}. Rates are between a "
         "setting's first and last learner step. The learner's busy time per step (train + checkpoint + "
         "publish) is in the JSON per setting; the reward curve is flat by construction (a scripted "
-        "policy does not learn). 2x: at max_staleness 2 the same actors again join halfway through.")
+        "policy does not learn). 2x: at max_staleness 2, a run of twice the budget, the same actors again join halfway.")
     if sync_times:
         notes += (
             f" An episode is more than its drawn delay: at max_staleness 0 the mean episode took "
