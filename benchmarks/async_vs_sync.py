@@ -104,7 +104,8 @@ class Bench:
         from envd.images import build_task_images
         from inference.tiny_model import init_tiny
 
-        (self.dir / "overrides.json").write_text(json.dumps(self.o.sets))  # for --report
+        # what shaped the run, for --report (which otherwise only knows its own arguments)
+        (self.dir / "options.json").write_text(json.dumps({k: getattr(self.o, k) for k in RUN_OPTIONS}))
         self.redis = start_redis(self.dir / "redis")
         url = ensure_docker()
         os.environ["DOCKER_HOST"] = url
@@ -363,7 +364,12 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     plain = [r for r in results if not r["run"].endswith("-2x")]
     names = [f"eta {r['eta']}" for r in plain]
     ax[0, 0].bar(names, [r["samples_per_min"] for r in plain], color="tab:blue")
-    ax[0, 0].set_title("trained samples / min")
+    for r in results:  # the doubled run: before and after the second set of actors joined
+        if r["run"].endswith("-2x") and "samples_per_min_after" in r:
+            ax[0, 0].bar(["eta 2\n1x", "eta 2\n2x"],
+                         [r["samples_per_min_before"], r["samples_per_min_after"]], color="tab:green")
+    ax[0, 0].tick_params(axis="x", labelsize=8)
+    ax[0, 0].set_title("trained samples / min (green: one run, actors doubled halfway)")
     x = range(len(plain))
     ax[0, 1].bar([i - 0.2 for i in x], [r["learner_idle"] for r in plain], 0.4, label="learner idle")
     ax[0, 1].bar([i + 0.2 for i in x], [r["actor_idle"] for r in plain], 0.4, label="actor idle")
@@ -498,12 +504,29 @@ async def main_async(o: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+RUN_OPTIONS = ("minutes", "etas", "batch", "group", "actors", "concurrency", "servers", "profile", "sets")
+
+
+def _as_args(saved: dict[str, Any]) -> list[str]:
+    """A run's saved options as command-line arguments (later ones win over earlier)."""
+    out: list[str] = []
+    for k, v in saved.items():
+        if k == "sets":
+            out += [a for kv in v for a in ("--set", kv)]
+        else:
+            out += [f"--{k}", str(v)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     o = options(argv)
     if o.report:  # figures again from a finished run's results.json and metrics
         run_dir = Path(o.report)
         results = json.loads((run_dir / "results.json").read_text())
-        if (run_dir / "overrides.json").exists():
+        if (run_dir / "options.json").exists():
+            saved = json.loads((run_dir / "options.json").read_text())
+            o = options([*(argv or sys.argv[1:]), *_as_args(saved)])
+        elif (run_dir / "overrides.json").exists():  # a run recorded before options.json
             o.sets = json.loads((run_dir / "overrides.json").read_text())
         plot(results, Path(o.png))
         summary = report(o, results, run_dir)
