@@ -68,8 +68,12 @@ class Rollouts:
         # server id -> until when this actor does not pin it: it refused connections (killed?)
         # while its registry entry stays fresh for up to SERVER_TTL_S
         self.unreachable: dict[str, float] = {}
-        # the published version, read at most once a second for all of this process's episodes
-        self._current: tuple[float, int] = (0.0, 0)
+        # the published version, read once a second by one task for all of this process's
+        # episodes (actor.abandon_stale); stopped by the event, not cancelled (see _keep_pin)
+        self._current = 0
+        self._version_changed = asyncio.Event()
+        self._version_poll: asyncio.Task[None] | None = None
+        self._stop_polling = asyncio.Event()
 
     async def warm_up(self) -> None:
         """Import the heavy modules and load the tokenizer off the event loop before taking
@@ -233,16 +237,25 @@ class Rollouts:
             await asyncio.gather(run, watch, return_exceptions=True)  # lease, pin, trajectory
 
     async def _outdated(self, last: int) -> int:
-        """Returns once the published version is past `last` (a Redis blip is waited out)."""
-        while True:
-            at, cur = self._current
-            if time.monotonic() - at >= 1.0:
-                with contextlib.suppress(Exception):
-                    cur = await self.policies.current()
-                    self._current = (time.monotonic(), cur)
-            if cur > last:
-                return cur
-            await asyncio.sleep(1.0)
+        """Returns once the published version is past `last`. No Redis call here: this task is
+        cancelled when its episode ends, and redis-py can swallow a cancellation that lands
+        inside a command (see _keep_pin); one poller per process reads the version instead."""
+        if self._version_poll is None:
+            self._version_poll = asyncio.create_task(self._poll_version())
+        while self._current <= last:
+            await self._version_changed.wait()
+        return self._current
+
+    async def _poll_version(self) -> None:
+        while not self._stop_polling.is_set():
+            with contextlib.suppress(Exception):  # a Redis blip is waited out
+                current = await self.policies.current()
+                if current != self._current:
+                    self._current = current
+                    changed, self._version_changed = self._version_changed, asyncio.Event()
+                    changed.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_polling.wait(), 1.0)
 
     async def _abandoned(self, job: EpisodeJob, policy: ServerPolicy, version: int,
                          t_busy: float) -> dict[str, Any]:
@@ -253,7 +266,7 @@ class Rollouts:
         self.totals["episodes_abandoned_stale"] += 1
         await self._stat("episodes_abandoned_stale", time.monotonic() - t_busy)
         log.info("episode_abandoned_stale", job_id=job.job_id, version=version,
-                 current=self._current[1], max_staleness=self.rt.admission.max_staleness)
+                 current=self._current, max_staleness=self.rt.admission.max_staleness)
         return {"masked": True, "reason": "stale", "version": version}
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
@@ -282,6 +295,10 @@ class Rollouts:
             await pipe.execute()
 
     async def aclose(self) -> None:
+        self._stop_polling.set()
+        if self._version_poll is not None:
+            with contextlib.suppress(Exception):
+                await self._version_poll
         await self.pool.aclose()
         if self.judge is not None:
             await self.judge.aclose()

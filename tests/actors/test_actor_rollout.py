@@ -153,6 +153,40 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         server.stop()
 
 
+@pytest.mark.timeout(60)  # the failure this guards against is a hang
+async def test_a_cancellation_lost_in_a_redis_call_does_not_hang_the_episodes_end(
+        redis_url, tiny_model_dir, tmp_path) -> None:
+    """redis-py now and then swallows a cancellation that lands inside a command (#2028/#2551).
+    The watch for staleness is cancelled when its episode ends, so it must not read Redis
+    itself (it once did, and a job hung after its episode was done): one poller per process
+    reads the version and is stopped by an event."""
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", "http://127.0.0.1:9", "tok",
+                                  tiny_model_dir, "key", **{"admission.max_staleness": 1}))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    real = ro.policies.current
+
+    async def swallowing() -> int:  # a slow read that loses a cancellation, as redis-py can
+        while True:
+            try:
+                await asyncio.sleep(1.0)
+                return await real()
+            except asyncio.CancelledError:
+                continue
+
+    async def episode() -> str:
+        await asyncio.sleep(0.2)
+        return "done"
+
+    ro.policies.current = swallowing  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            assert await asyncio.wait_for(ro._unless_stale(0, episode()), 5) == "done"
+    finally:
+        await asyncio.wait_for(ro.aclose(), 5)
+        await r.aclose()
+
+
 async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_dir, tmp_path):
     from common.services import free_port
 
