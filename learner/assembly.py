@@ -220,16 +220,8 @@ class Assembler:
                 for ep in g.episodes.values():
                     self._drop_episode(ep, "group_timeout")
                 continue
-            usable: list[Episode] = []
-            for ep in g.episodes.values():
-                if not ep.complete:
-                    self._drop_episode(ep, "incomplete_episode")
-                elif ep.masked:
-                    self._drop_episode(ep, "masked")
-                elif ep.policy_version < version - self.max_staleness:
-                    self._drop_episode(ep, "stale", age=version - ep.policy_version)
-                else:
-                    usable.append(ep)
+            usable = self._usable(g, version)
+            self._drop_unusable(g, usable, version)
             if len(usable) < max(1, self.min_group_episodes):
                 self._close(g, decided=True)
                 for ep in usable:
@@ -238,6 +230,24 @@ class Assembler:
             self._close(g, decided=False)
             out.append(ReadyGroup(g.group_id, usable))
         return out
+
+    def _usable(self, g: Group, version: int) -> list[Episode]:
+        """The episodes of `g` a step at `version` may train: complete, unmasked, fresh."""
+        return [ep for ep in g.episodes.values() if ep.complete and not ep.masked
+                and ep.policy_version >= version - self.max_staleness]
+
+    def _drop_unusable(self, g: Group, usable: list[Episode], version: int) -> None:
+        """Drop every episode of `g` not in `usable`, counted by why."""
+        keep = {id(ep) for ep in usable}
+        for ep in g.episodes.values():
+            if id(ep) in keep:
+                continue
+            if not ep.complete:
+                self._drop_episode(ep, "incomplete_episode")
+            elif ep.masked:
+                self._drop_episode(ep, "masked")
+            else:
+                self._drop_episode(ep, "stale", age=version - ep.policy_version)
 
     def take_batch(self, version: int) -> Batch | None:
         """Ready groups totalling >= batch_size usable episodes, or None (they keep waiting)."""
@@ -260,7 +270,7 @@ class Assembler:
             return None  # nothing goes stale while the learner waits: the version stays
         last = version - self.max_staleness  # the oldest version this step may train, and the last
         if self.salvage:
-            fresh += self._salvage(last)
+            fresh += self._salvage(version)
         fresh.sort(key=lambda rg: rg.oldest)  # stable: arrival order within a version
         taken: list[ReadyGroup] = []
         n = 0
@@ -284,26 +294,16 @@ class Assembler:
                     self.consumed.add(e.sample.sample_id)
         return Batch(taken, ids, stale)
 
-    def _salvage(self, last: int) -> list[ReadyGroup]:
+    def _salvage(self, version: int) -> list[ReadyGroup]:
         """Open groups whose finished episodes go stale after this step (see the module doc)."""
         out: list[ReadyGroup] = []
         for g in sorted(self.groups.values(), key=lambda g: g.first_seen):
-            usable = [ep for ep in g.episodes.values()
-                      if ep.complete and not ep.masked and ep.policy_version >= last]
+            usable = self._usable(g, version)
             if len(usable) < max(2, self.min_group_episodes):
                 continue
-            if min(ep.policy_version for ep in usable) > last:
+            if min(ep.policy_version for ep in usable) > version - self.max_staleness:
                 continue  # it can still wait for its stragglers
-            keep = {id(ep) for ep in usable}
-            for ep in g.episodes.values():
-                if id(ep) in keep:
-                    continue
-                if not ep.complete:
-                    self._drop_episode(ep, "incomplete_episode")
-                elif ep.masked:
-                    self._drop_episode(ep, "masked")
-                else:
-                    self._drop_episode(ep, "stale", age=last + self.max_staleness - ep.policy_version)
+            self._drop_unusable(g, usable, version)
             self._close(g, decided=False)
             self.salvaged += 1
             out.append(ReadyGroup(g.group_id, usable))
