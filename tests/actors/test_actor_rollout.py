@@ -114,11 +114,9 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
     max_staleness it runs on: its samples may still be trained."""
     import time
 
-    from fixtures_envd import TEST_IMAGE
-
     from broker.registry import PolicyRegistry
 
-    row = calc_row(TEST_IMAGE, 3, "sleep")
+    row = calc_row(test_image, 3, "sleep")
     server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs", mode="sleep", sleep_s=20)
     cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
                                   tiny_model_dir, server.api_key, **{"admission.max_staleness": eta}))
