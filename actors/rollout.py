@@ -85,10 +85,10 @@ class Rollouts:
         if self.rt.tokenizer:
             await self.episodes.encoder(None)
 
-    async def _admit(self) -> None:
+    async def _admit(self, job: EpisodeJob) -> None:
         # The learner's progress frees slots; the job's claim is renewed while we wait.
         while True:
-            if await self.admission.try_start():
+            if await self.admission.try_start(job.group_id, job.n_samples):
                 return
             await asyncio.sleep(0.25)  # at max_staleness 0 this poll is on every version's path
 
@@ -147,7 +147,7 @@ class Rollouts:
         stop_renewing = asyncio.Event()
         self.running += 1
         try:
-            await self._admit()
+            await self._admit(job)
             admitted = True
             server = await self._pin(pin_id)
             t_busy = time.monotonic()

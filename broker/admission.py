@@ -4,7 +4,16 @@ per_version being the episodes the learner trains per policy version: batch_size
 learner.update_every when a version spans several steps (the learner records it in Redis, so
 actors need not share its config; without it a second step of a version waited forever for
 rollouts admission would not start). Any number of actors share the counter, so none of them
-can overshoot."""
+can overshoot.
+
+Admission is by group: the first of a group's episodes to start reserves slots for all
+n_samples of them at once (when they fit), and its siblings start on that reservation. The
+learner trains whole groups, and arq does not hand out jobs in enqueue order (two workers
+racing for a job can both skip it), so admitting single episodes could fill a version's quota
+with the first members of five groups for a batch of four: at max_staleness 0 no group then
+completed and the learner waited forever. A group's reservation (one key per group, owned
+here) is handed back with `forfeit` when the learner closes the group before all its members
+started."""
 
 from __future__ import annotations
 
@@ -12,6 +21,9 @@ import redis.asyncio as aioredis
 
 from broker.config import AdmissionConfig
 from broker.keys import Keys
+
+# a group's reservation outlives any wait for its members; it only keeps Redis clean
+GROUP_TTL_S = 24 * 3600
 
 
 class Admission:
@@ -22,6 +34,36 @@ class Admission:
     local cap = (tonumber(ARGV[1]) + v + 1) * per
     if started < cap then redis.call('INCR', KEYS[1]); return {1, started + 1, cap} end
     return {0, started, cap}
+    """
+    # KEYS: started, current, per_version, the group's reservation; ARGV: max_staleness,
+    # batch_size, group size, ttl. A reservation of 0 (used up) means a member runs again
+    # (a retry after it gave its slot back): it takes one slot like a single episode.
+    _TRY_GROUP = """
+    local left = tonumber(redis.call('GET', KEYS[4]) or '-1')
+    if left > 0 then redis.call('DECR', KEYS[4]); return 1 end
+    local v = tonumber(redis.call('GET', KEYS[2]) or '0')
+    local started = tonumber(redis.call('GET', KEYS[1]) or '0')
+    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[2])
+    local cap = (tonumber(ARGV[1]) + v + 1) * per
+    local g = tonumber(ARGV[3])
+    if left < 0 then
+      if started + math.min(g, per) > cap then return 0 end
+      redis.call('INCRBY', KEYS[1], g)
+      redis.call('SET', KEYS[4], g - 1, 'EX', ARGV[4])
+      return 1
+    end
+    if started < cap then redis.call('INCR', KEYS[1]); return 1 end
+    return 0
+    """
+    # KEYS: started, the group's reservation: the slots of members that never started go back
+    _FORFEIT = """
+    local left = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if left <= 0 then return 0 end
+    redis.call('SET', KEYS[2], 0, 'KEEPTTL')
+    local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+    local k = math.min(n, left)
+    if k > 0 then redis.call('DECRBY', KEYS[1], k) end
+    return k
     """
     _RELEASE = """
     local n = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -34,11 +76,20 @@ class Admission:
         self.redis, self.keys, self.cfg = redis, keys, cfg
         self._try = redis.register_script(self._TRY)
         self._release = redis.register_script(self._RELEASE)
+        self._try_group = redis.register_script(self._TRY_GROUP)
+        self._forfeit = redis.register_script(self._FORFEIT)
 
-    async def try_start(self) -> bool:
+    async def try_start(self, group_id: str | None = None, group_size: int = 1) -> bool:
+        """Take a slot for one rollout; with `group_id` and `group_size` > 1, by group (see above)."""
         if not self.cfg.enabled:
             await self.redis.incr(self.keys.admission_started)
             return True
+        if group_id is not None and group_size > 1:
+            ok = await self._try_group(
+                keys=[self.keys.admission_started, self.keys.policy_current,
+                      self.keys.admission_per_version, self.keys.admission_group(group_id)],
+                args=[self.cfg.max_staleness, self.cfg.batch_size, group_size, GROUP_TTL_S])
+            return bool(ok)
         ok, _, _ = await self._try(keys=[self.keys.admission_started, self.keys.policy_current,
                                          self.keys.admission_per_version],
                                    args=[self.cfg.max_staleness, self.cfg.batch_size])
@@ -49,6 +100,12 @@ class Admission:
         whose samples the learner dropped untrained (stale, incomplete, too small a group)."""
         if n > 0:
             await self._release(keys=[self.keys.admission_started], args=[n])
+
+    async def forfeit(self, group_id: str) -> int:
+        """The learner closed `group_id` before all its members started: the slots reserved for
+        them go back (a member that starts later takes a slot of its own). Returns how many."""
+        return int(await self._forfeit(keys=[self.keys.admission_started,
+                                             self.keys.admission_group(group_id)]))
 
     async def set_per_version(self, steps_per_version: int) -> None:
         """The learner: it trains batch_size x steps_per_version episodes per version."""

@@ -111,6 +111,11 @@ class Keys:
         absent: admission.batch_size."""
         return f"{self.base}:admission:per_version"
 
+    def admission_group(self, group_id: str) -> str:
+        """Int with TTL: slots a group's first rollout reserved for its siblings, not yet taken
+        (0: all taken; a member that runs again takes a slot of its own)."""
+        return f"{self.base}:admission:group:{group_id}"
+
     # -- stats --------------------------------------------------------------------------
     @property
     def stats(self) -> str:

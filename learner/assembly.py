@@ -27,7 +27,9 @@ is counted in `take_give_back()`, and the loop returns its slot. Otherwise every
 shrink the rollout capacity for the rest of the run, and (max_staleness + 1) x batch_size
 dropped episodes would stop the actors for good. Masked episodes gave their slot back already.
 So do the episodes of a step beyond batch_size (whole groups overshoot it): admission counts
-batch_size per step.
+batch_size per step. Admission reserves a group's slots when its first episode starts; a group
+closed before all its episodes arrived is listed by `take_forfeits()`, and the loop hands back
+what its members not yet started had reserved.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ class Assembler:
         # the ids already counted, so an episode's late steps are not counted twice (bounded)
         self._give_back = 0
         self._given_back: OrderedDict[str, None] = OrderedDict()
+        self._forfeits: list[str] = []  # groups closed with episodes missing (see above)
 
     # -- intake ------------------------------------------------------------------------
     def add(self, entries: list[Entry]) -> None:
@@ -189,6 +192,15 @@ class Assembler:
         n, self._give_back = self._give_back, 0
         return n
 
+    def take_forfeits(self) -> list[str]:
+        """Groups closed since the last call before all their episodes arrived."""
+        out, self._forfeits = self._forfeits, []
+        return out
+
+    def owe_forfeits(self, group_ids: list[str]) -> None:
+        """Forfeits not done (Redis away): handed out again with the next ones."""
+        self._forfeits.extend(group_ids)
+
     def owe_give_back(self, n: int) -> None:
         """Slots taken but not handed back (Redis away): handed back with the next ones."""
         self._give_back += n
@@ -196,6 +208,8 @@ class Assembler:
     def _close(self, g: Group, decided: bool) -> None:
         """No more samples join `g`; once decided (dropped or trained) the checkpoint records it."""
         self.groups.pop(g.group_id, None)
+        if len(g.episodes) < self.n_per_group:
+            self._forfeits.append(g.group_id)
         if decided:
             self.closed_groups.add(g.group_id)
         else:

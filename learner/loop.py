@@ -118,6 +118,14 @@ class Learner:
         """Admission slots of the episodes just dropped untrained (learner.assembly). Not
         checkpointed: after a crash the re-read drops give their slots back again, which only
         lets a few more rollouts start; the staleness bound is the learner's drop rule."""
+        groups = self.asm.take_forfeits()
+        for i, gid in enumerate(groups):
+            try:
+                await self.admission.forfeit(gid)
+            except Exception as e:  # Redis away: these groups are tried again next round
+                self.asm.owe_forfeits(groups[i:])
+                log.warning("admission_forfeit_failed", groups=len(groups) - i, error=str(e))
+                break
         n = self.asm.take_give_back()
         if n:
             try:

@@ -63,3 +63,50 @@ async def test_a_version_of_several_steps_admits_each_steps_rollouts(aredis, key
     await a.set_per_version(2)
     assert [await a.try_start() for _ in range(7)] == [True] * 6 + [False]
     assert (await a.capacity())["per_version"] == 6
+
+
+async def test_a_groups_first_rollout_reserves_its_siblings_slots(aredis, keys):
+    """Jobs arrive out of group order (arq workers racing for a job can both skip it). Admitting
+    single episodes let the first members of three groups fill a quota of two groups: at
+    max_staleness 0 neither could complete and the learner waited forever."""
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=8))
+    order = ["A", "A", "A", "B", "B", "B", "B", "C", "A"]
+    assert [await a.try_start(g, 4) for g in order] == [True] * 7 + [False, True]
+    assert (await a.capacity())["started"] == 8
+    assert int(await aredis.get(keys.admission_group("A"))) == 0
+    # the single-episode path is unchanged for jobs without a group
+    assert not await a.try_start()
+
+
+async def test_a_member_that_runs_again_takes_a_slot_of_its_own(aredis, keys):
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=4))
+    assert all([await a.try_start("A", 2) for _ in range(2)])  # the whole group A
+    assert await a.try_start("B", 2)  # B reserves the last two slots
+    await a.release()  # a member of A failed and gave its slot back
+    assert await a.try_start("A", 2)  # its retry: A's reservation is used up, one slot of its own
+    assert not await a.try_start("A", 2)
+    assert await a.try_start("B", 2)  # B's sibling still has its reserved slot
+    assert (await a.capacity())["started"] == 4
+
+
+async def test_a_group_reserves_only_when_it_fits(aredis, keys):
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=6))
+    assert await a.try_start("A", 4)
+    assert not await a.try_start("B", 4)  # 4 + 4 > 6: B waits for the next version
+    await aredis.set(keys.policy_current, 1)  # capacity 12
+    assert await a.try_start("B", 4)
+    assert (await a.capacity())["started"] == 8
+
+
+async def test_forfeit_hands_back_what_members_never_started_had_reserved(aredis, keys):
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=8))
+    assert await a.try_start("A", 4) and await a.try_start("A", 4)
+    assert await a.try_start("B", 4)
+    assert not await a.try_start("C", 4)
+    assert await a.forfeit("A") == 2  # the learner closed A with two members never started
+    assert await a.forfeit("A") == 0  # once
+    assert await a.forfeit("unknown") == 0
+    assert (await a.capacity())["started"] == 6
+    assert await a.try_start("A", 4)  # a member of A that starts after all: one slot of its own
+    assert not await a.try_start("C", 4)  # 7 + 4 > 8
+    assert 0 < await aredis.ttl(keys.admission_group("A")) <= 24 * 3600

@@ -81,6 +81,8 @@ async def test_incomplete_group_waits_then_follows_the_timeout_rule(stream, rule
     assert asm.take_batch(0) is None and asm.n_held == 3
     clock.t += 2
     batch = asm.take_batch(0)
+    # closed with its fourth episode never seen: admission's reservation for it goes back
+    assert asm.take_forfeits() == ["g"] and asm.take_forfeits() == []
     if rule == "use":
         assert batch is not None and [len(g.episodes) for g in batch.groups] == [2]
         assert asm.dropped["incomplete_episode"] == 1
@@ -203,6 +205,7 @@ async def test_a_group_at_its_last_chance_is_trained_without_its_straggler(strea
     assert [g.group_id for g in batch.groups] == ["old", "a", "b"]  # the oldest version first
     assert batch.n_episodes == 11 and asm.salvaged == 1
     assert asm.take_give_back() == 3  # 11 trained, 8 counted by admission for this step
+    assert asm.take_forfeits() == ["old"]  # not the complete groups
     assert set(asm.groups) == {"lone", "young"}
     await writer.add([make_sample("old", 3, version=2)])
     asm.add(await read_all(reader))

@@ -120,6 +120,28 @@ async def test_dropped_episodes_give_their_admission_slots_back(cfg, keys, small
     await r.aclose()
 
 
+async def test_a_group_closed_before_its_members_started_hands_their_reservation_back(
+        cfg, keys, small_model_dir) -> None:
+    """Admission reserves a whole group's slots when its first episode starts. A group the
+    learner closes (timed out, here) with members that never started must give their slots back,
+    or capacity leaks for the rest of the run."""
+    from broker.admission import Admission
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, n_samples_per_prompt=4,
+                    group_timeout_s=0.2, partial_groups="drop")
+    r = connect(cfg.redis.url)
+    admission = Admission(r, keys, cfg.admission)
+    assert await admission.try_start("g", 4) and await admission.try_start("g", 4)
+    assert (await admission.capacity())["started"] == 4  # two running, two reserved
+    await ReplayWriter(r, keys).add([make_sample("g", i, version=0) for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir), cfg.learner), None)
+    await learner.run()
+    assert learner.asm.dropped["group_timeout"] == 2
+    # the two unstarted members' reservation and the two dropped episodes' slots
+    assert (await admission.capacity())["started"] == 0
+    await r.aclose()
+
+
 async def test_publishes_through_weight_sync(cfg, keys, small_model_dir) -> None:
     """The real publisher (weight_sync.make_publisher, coordinator off): versions land on disk
     with a manifest in the registry, loadable as the HF model the learner trains."""
