@@ -42,6 +42,13 @@ class EnvdConfig(Section):
     kill_grace_s: float = Field(
         5.0, description="After a timeout, how long envd waits for the killed command before killing its process tree.")
     create_timeout_s: float = Field(120.0, description="Default bound on creating and starting a container.")
+    warm_per_image: int = Field(
+        0, ge=0, description="Started containers kept ready per recently created image, handed out "
+        "by the next create (its own and the grading one) instead of creating on the episode's "
+        "path (envd.warm). 0: off.")
+    warm_max: int = Field(16, ge=0, description="At most this many warm containers on the node in all.")
+    warm_idle_s: float = Field(
+        300.0, gt=0, description="Warm containers of an image no create asked for this long are destroyed.")
     eval_timeout_s: float = Field(3600.0, description="Default bound on running an evaluation script.")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")
     registry: str | None = Field(

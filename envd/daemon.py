@@ -52,6 +52,7 @@ from envd.schemas import (
     ExecReq,
     PullReq,
 )
+from envd.warm import WarmPool
 
 log = get_logger("envd")
 T = TypeVar("T")
@@ -74,6 +75,7 @@ class Owned:
     ttl_s: float
     created: float
     last_used: float = field(default_factory=time.time)
+    labels: dict[str, str] = field(default_factory=dict)  # the create's own (not swarl's)
 
 
 class Envd:
@@ -91,6 +93,8 @@ class Envd:
         self.owned: dict[str, Owned] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.images: ImageCache | None = None
+        self.warm = WarmPool(ecfg.warm_per_image, ecfg.warm_max, ecfg.warm_idle_s,
+                             self._make_warm, self._destroy_warm)
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -112,6 +116,7 @@ class Envd:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.warm.close()
         if isinstance(self.leases, MemoryLeases) and self.owned:
             # In-memory leases die with this process, so nobody could renew these containers:
             # destroy them now rather than at the next start-up (which may never come).
@@ -155,6 +160,7 @@ class Envd:
                 for cid in await self.leases.expired(time.time()):
                     log.info("lease_expired", container_id=cid[:12])
                     await self._destroy(cid, "expired")
+                await self.warm.sweep()
             except Exception as e:  # keep reaping whatever one round hit
                 log.error("reap_failed", error=repr(e))
 
@@ -166,6 +172,20 @@ class Envd:
         self.metrics.destroyed.labels(reason).inc()
         self.metrics.containers.set(len(self.owned))
         return existed
+
+    async def _make_warm(self, image: str) -> tuple[str, str, dict[str, str]] | None:
+        assert self.backend and self.images
+        with self.images.hold(image):
+            if not await self.run(self.backend.has_image, image):
+                return None
+            made = await self.run(self.backend.create, image, "warm", self.ecfg.lease_ttl_s, None)
+        self.metrics.created.inc()
+        return made
+
+    async def _destroy_warm(self, cid: str) -> None:
+        assert self.backend
+        await self.run(self.backend.destroy, cid)
+        self.metrics.destroyed.labels("warm").inc()
 
     def lookup(self, container_id: str) -> Owned:
         c = self.owned.get(container_id)
@@ -197,24 +217,33 @@ class Envd:
             except NotPullable as e:
                 raise ApiError(404, str(e), image=req.image) from None
             t0 = time.monotonic()
-            # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled from
-            # here, since abandoning the thread could leak the container it is creating.
-            try:
-                cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels)
-            except NotFound as e:
-                raise ApiError(404, str(e), image=req.image) from None
+            # a warm container is what the create below would make, made earlier (envd.warm);
+            # a started container's labels cannot change: the request's are kept in /status
+            warm = self.warm.take(req.image) if self.warm.enabled and req.warm else None
+            if self.warm.enabled:
+                self.metrics.warm_takes.labels("hit" if warm else "miss").inc()
+            if warm is not None:
+                cid, name, labels = warm.id, warm.name, warm.labels
+            else:
+                # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled
+                # from here, since abandoning the thread could leak the container it is creating.
+                try:
+                    cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels)
+                except NotFound as e:
+                    raise ApiError(404, str(e), image=req.image) from None
             create_s = time.monotonic() - t0
             await images.used(req.image)
         now = time.time()
         # Lease first-class from here on: a crash now leaves a labelled container the next
         # start-up either adopts (lease live) or destroys.
         await self.leases.put(cid, now + ttl)
-        self.owned[cid] = Owned(cid, name, req.image, lease, ttl, now)
-        self.metrics.created.inc()
+        self.owned[cid] = Owned(cid, name, req.image, lease, ttl, now, labels=dict(req.labels))
+        if warm is None:
+            self.metrics.created.inc()
         self.metrics.create_seconds.observe(create_s)
         self.metrics.containers.set(len(self.owned))
         log.info("container_created", container_id=cid[:12], image=req.image, lease=lease,
-                 create_s=round(create_s, 3), pull_s=round(pull.seconds, 3))
+                 create_s=round(create_s, 3), pull_s=round(pull.seconds, 3), warm=warm is not None)
         return {"ok": True, "container_id": cid, "name": name, "node_id": self.node_id,
                 "lease": lease, "expires": now + ttl, "labels": labels,
                 "pulled": pull.pulled, "pull_s": round(pull.seconds, 3), "create_s": round(create_s, 3)}
@@ -439,11 +468,12 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
         now = time.time()
         containers = {
             o.id: {"name": o.name, "image": o.image, "lease": o.lease, "created": o.created,
-                   "idle_s": round(now - o.last_used, 3), "expires": exp.get(o.id)}
+                   "idle_s": round(now - o.last_used, 3), "expires": exp.get(o.id), "labels": o.labels}
             for o in envd.owned.values()
         }
         return {"ok": True, "active_containers": len(containers), "containers": containers,
-                "node_id": envd.node_id}
+                "node_id": envd.node_id,
+                "warm": {image: len(ws) for image, ws in envd.warm.ready.items() if ws}}
 
     @app.post("/container/create")
     async def create(req: CreateReq) -> dict[str, Any]:

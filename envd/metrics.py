@@ -24,6 +24,9 @@ class EnvdMetrics:
         self.create_seconds = Histogram(
             "envd_create_duration_seconds", "Container create+start time.", registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
+        self.warm_takes = Counter("envd_warm_takes", "Creates by whether a warm container served "
+                                  "them (hit) or one was created (miss); only with envd.warm_per_image.",
+                                  ["result"], registry=r)
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
         self.reward_hacks = Counter("envd_reward_hack_attempts", "Patches refused for changing how tests "
                                     "run or report, by kind (envd.tamper.KINDS).", ["kind"], registry=r)

@@ -48,6 +48,8 @@ class CreateReq(_Req):
     lease: str | None = Field(None, description="swarl: lease id for the swarl.lease label.")
     ttl_s: float | None = Field(None, gt=0, description="swarl: lease TTL (default envd.lease_ttl_s).")
     labels: dict[str, str] = Field(default_factory=dict, description="swarl: extra labels.")
+    warm: bool = Field(True, description="swarl: may be served by a warm container (envd.warm_per_image); "
+                       "its Docker labels are then the warm container's, and `labels` show in /status only.")
 
 
 class ExecReq(_Req):

@@ -1,0 +1,93 @@
+"""envd's warm containers (envd.warm) against a real dockerd: a create after the first is served
+by a container started ahead, which is as fresh as a created one; refills stay within their
+bounds; an image no longer asked for, and a stopping envd, leave no container behind."""
+
+from __future__ import annotations
+
+import time
+
+import docker
+import httpx
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+def _owned(docker_url: str, node_id: str) -> list[str]:
+    client = docker.DockerClient(base_url=docker_url)
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"})]
+    finally:
+        client.close()
+
+
+def _until(pred, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _takes(api: httpx.Client) -> dict[str, float]:
+    out = {}
+    for line in api.get("/metrics").text.splitlines():
+        if line.startswith("envd_warm_takes_total{"):
+            out[line.split('result="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_creates_are_served_warm_and_nothing_is_left(envd_factory, test_image, docker_url):
+    svc = envd_factory(sets=["envd.warm_per_image=2", "envd.warm_max=2", "envd.warm_idle_s=4",
+                             "envd.reap_interval_s=0.5"])
+    with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {svc.token}"}, timeout=120) as api:
+        first = api.post("/container/create", json={"image": test_image}).json()
+        assert first["ok"] and _takes(api) == {"miss": 1.0}
+        _until(lambda: api.get("/status").json()["warm"].get(test_image) == 2, what="two warm containers")
+        warm_ids = set(_owned(docker_url, svc.node_id)) - {first["container_id"]}
+        assert len(warm_ids) == 2
+
+        # the next creates take them (no docker create on the way) and refill behind them
+        second = api.post("/container/create", json={"image": test_image}).json()
+        assert second["container_id"] in warm_ids and _takes(api) == {"miss": 1.0, "hit": 1.0}
+        # as fresh as a created container: the clean repository, nothing else running
+        out = api.post("/container/exec", json={"container_id": second["container_id"],
+                                                 "command": "git status --porcelain; ps -eo comm="}).json()
+        assert out["ok"] and out["returncode"] == 0
+        assert set(out["output"].split()) <= {"docker-init", "sleep", "timeout", "bash", "ps"}, out["output"]
+        st = api.get("/status").json()
+        assert second["container_id"] in st["containers"] and st["active_containers"] == 2
+        _until(lambda: api.get("/status").json()["warm"].get(test_image) == 2, what="the refill")
+        # warm_max bounds them: two leased and two warm, never more
+        assert len(_owned(docker_url, svc.node_id)) == 4
+        warm_ids = set(_owned(docker_url, svc.node_id)) - {first["container_id"], second["container_id"]}
+
+        # a create served warm keeps its labels in /status (a started container's are fixed);
+        # one that asks for a container of its own (warm false) gets one created
+        labelled = api.post("/container/create", json={"image": test_image, "labels": {"k": "v"}}).json()
+        assert _takes(api) == {"miss": 1.0, "hit": 2.0}
+        assert api.get("/status").json()["containers"][labelled["container_id"]]["labels"] == {"k": "v"}
+        third = api.post("/container/create", json={"image": test_image, "warm": False}).json()
+        assert third["container_id"] not in warm_ids and _takes(api)["miss"] == 2.0
+
+        for c in (first, second, labelled, third):
+            assert api.post("/container/destroy", json={"container_id": c["container_id"]}).json()["ok"]
+        # no create asks for the image any more: its warm containers go after warm_idle_s
+        _until(lambda: not _owned(docker_url, svc.node_id), timeout=60, what="the idle sweep")
+        assert api.get("/status").json()["warm"] == {}
+
+        # and a stopping envd destroys the warm containers it holds
+        api.post("/container/create", json={"image": test_image})
+        _until(lambda: api.get("/status").json()["warm"].get(test_image) == 2, what="warm again")
+    svc.stop()
+    assert _owned(docker_url, svc.node_id) == []
+
+
+def test_off_by_default(envd_server, test_image, docker_url):
+    with httpx.Client(base_url=envd_server.url, headers={"Authorization": f"Bearer {envd_server.token}"},
+                      timeout=120) as api:
+        before = set(_owned(docker_url, envd_server.node_id))
+        made = api.post("/container/create", json={"image": test_image}).json()
+        time.sleep(2)
+        assert api.get("/status").json()["warm"] == {} and _takes(api) == {}
+        assert set(_owned(docker_url, envd_server.node_id)) - before == {made["container_id"]}
+        api.post("/container/destroy", json={"container_id": made["container_id"]})
