@@ -3,8 +3,8 @@
 A create (a lease's container, or the fresh container an evaluation grades in) costs a Docker
 create and start: most of a second on an idle node, seconds on a busy one, and it sits on the
 episode's critical path. envd keeps up to `warm_per_image` started containers of every image it
-was asked for in the last `warm_idle_s` (at most `warm_max` in all) and hands one out instead
-of creating. A warm container is exactly what a create makes (same image, limits, entrypoint;
+was asked for in the last `warm_idle_s` (at most `warm_max` in all: at that bound the image
+wanted least recently gives one up) and hands one out instead of creating. A warm container is exactly what a create makes (same image, limits, entrypoint;
 nothing ran in it), only made earlier, when the node had time; so grading in a "fresh"
 container keeps its meaning. A take starts the image's refill, one create at a time per image.
 Warm containers hold no lease: a crash leaves them to the next start-up's orphan sweep.
@@ -69,8 +69,9 @@ class WarmPool:
 
     async def _fill(self, image: str) -> None:
         try:
-            while (not self._closing and len(self.ready.get(image, [])) < self.per_image
-                   and self.count() + len(self._filling) - 1 < self.max_total):
+            while not self._closing and len(self.ready.get(image, [])) < self.per_image:
+                if self.count() + len(self._filling) - 1 >= self.max_total and not await self._evict_for(image):
+                    return
                 made = await self._make(image)
                 if made is None:
                     return  # the image is not on the node (a create pulls it; a refill does not)
@@ -83,6 +84,20 @@ class WarmPool:
             log.warning("warm_fill_failed", image=image, error=repr(e))
         finally:
             self._filling.pop(image, None)
+
+    async def _evict_for(self, image: str) -> bool:
+        """At warm_max: make room for `image` by destroying a warm container of the image wanted
+        least recently, if that was before `image` (else `image` waits for room)."""
+        others = [i for i, ws in self.ready.items() if ws and i != image]
+        if not others:
+            return False
+        victim = min(others, key=lambda i: self._wanted.get(i, 0.0))
+        if self._wanted.get(victim, 0.0) >= self._wanted.get(image, 0.0):
+            return False
+        w = self.ready[victim].pop(0)
+        with contextlib.suppress(Exception):
+            await self._destroy(w.id)
+        return True
 
     async def sweep(self) -> None:
         """Destroy the warm containers of images no create asked for in `idle_s`."""

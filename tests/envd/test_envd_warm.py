@@ -91,3 +91,25 @@ def test_off_by_default(envd_server, test_image, docker_url):
         assert api.get("/status").json()["warm"] == {} and _takes(api) == {}
         assert set(_owned(docker_url, envd_server.node_id)) - before == {made["container_id"]}
         api.post("/container/destroy", json={"container_id": made["container_id"]})
+
+
+def test_at_warm_max_the_image_wanted_least_recently_gives_way(envd_factory, test_image, docker_url):
+    """Warm containers of an image asked for minutes ago must not hold the node's warm capacity
+    against the image the creates want now."""
+    other = "swarl-test/warm-other:latest"
+    client = docker.DockerClient(base_url=docker_url)
+    client.images.get(test_image).tag(other)
+    svc = envd_factory(sets=["envd.warm_per_image=2", "envd.warm_max=2"])
+    try:
+        with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {svc.token}"},
+                          timeout=120) as api:
+            api.post("/container/create", json={"image": test_image})
+            _until(lambda: api.get("/status").json()["warm"] == {test_image: 2}, what="warm A")
+            api.post("/container/create", json={"image": other})
+            _until(lambda: api.get("/status").json()["warm"] == {other: 2}, what="B taking A's place")
+            assert len(_owned(docker_url, svc.node_id)) == 4  # two leased, two warm
+        svc.stop()
+        assert _owned(docker_url, svc.node_id) == []
+    finally:
+        client.images.remove(other)  # the tag only
+        client.close()
