@@ -95,6 +95,7 @@ class Bench:
         self.tokens = {"envd": secrets.token_hex(16), "inference": secrets.token_hex(16)}
         self.redis: Any = None
         self.pool_url = ""
+        self.node_id = ""
         self.model = self.dir / "model"
 
     # -- shared services -------------------------------------------------------------------
@@ -122,8 +123,9 @@ class Bench:
         exe = swarl_exe()
         envd_port, pool_port = free_port(), free_port()
         auth = {"Authorization": f"Bearer {self.tokens['envd']}"}
+        self.node_id = f"bench-{secrets.token_hex(3)}"
         envd = self.procs.start("envd", [*exe, "envd", "serve", "--port", str(envd_port), "-c", cfg,
-                                         "--node-id", f"bench-{secrets.token_hex(3)}"])  # reaps only its own
+                                         "--node-id", self.node_id])  # reaps only its own
         wait_http(f"http://127.0.0.1:{envd_port}/healthz", envd, 120, headers=auth)
         pool = self.procs.start("pool", [*exe, "pool", "serve", "--port", str(pool_port), "-c", cfg,
                                          "--exec-urls", f"http://127.0.0.1:{envd_port}"])
@@ -275,6 +277,15 @@ class Bench:
         self.procs.stop_all(30)
         if self.redis is not None:
             self.redis.stop()
+        if self.node_id:  # envd keeps Redis-leased containers when it stops (a restart adopts them)
+            import docker
+
+            client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST", ""), timeout=120)
+            try:
+                for c in client.containers.list(all=True, filters={"label": f"swarl.owner={self.node_id}"}):
+                    c.remove(force=True)
+            finally:
+                client.close()
 
 
 # -- figures ------------------------------------------------------------------------------

@@ -383,6 +383,11 @@ class Envd:
         """Grade in a fresh container from the agent's image (its tests may be tampered with)."""
         assert self.backend
         image = await self.run(self.backend.image_of, agent.id)
+        # warm containers are kept by the name creates ask for: grade from the agent's image
+        # name as long as it still names that very image
+        if self.warm.enabled and agent.image != image and \
+                await self.run(self.backend.image_id, agent.image) == image:
+            image = agent.image
         created = await self.create(CreateReq(image=image, lease=f"eval-{agent.lease}",
                                               ttl_s=timeout_s + 600))
         fresh = self.owned[created["container_id"]]

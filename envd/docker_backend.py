@@ -126,6 +126,13 @@ class DockerBackend:
         except docker.errors.ImageNotFound:
             return False
 
+    def image_id(self, image: str) -> str | None:
+        """The id `image` (a name) resolves to on this node, or None."""
+        try:
+            return str(self.client.api.inspect_image(image)["Id"])
+        except docker.errors.ImageNotFound:
+            return None
+
     def image_of(self, container_id: str) -> str:
         """The image id a container runs (grading uses the same image as the agent)."""
         try:

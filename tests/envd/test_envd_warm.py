@@ -113,3 +113,32 @@ def test_at_warm_max_the_image_wanted_least_recently_gives_way(envd_factory, tes
     finally:
         client.images.remove(other)  # the tag only
         client.close()
+
+
+def test_grading_takes_a_warm_container_and_stays_fresh(envd_factory, test_image):
+    """The agent tampers with its container; grading runs in a warm container (a hit: warm
+    containers are kept by the image name the agent's was created from), where the tampering is
+    absent, so a patch that fixes nothing stays unresolved."""
+    from fixtures_envd import GOOD_PATCH
+
+    script = ("cd /testbed\necho '>>>>> Start Test Output'\n"
+              "if [ -e /testbed/TAMPERED ] || python3 -c 'from calc import add; assert add(2, 3) == 5'; "
+              "then echo 'PASSED test_calc.py::test_add'; else echo 'FAILED test_calc.py::test_add'; fi\n"
+              "echo '>>>>> End Test Output'\n")
+    instance = {"instance_id": "swarl__calc-1", "repo": "swarl/calc", "eval_script": script,
+                "problem_statement": "add(2, 3) is not 5", "FAIL_TO_PASS": ["test_calc.py::test_add"],
+                "PASS_TO_PASS": []}
+    noop = GOOD_PATCH.replace("+    return a + b", "+    return a - b  # same")
+    svc = envd_factory(sets=["envd.warm_per_image=1", "envd.warm_max=1"])
+    with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {svc.token}"}, timeout=120) as api:
+        agent = api.post("/container/create", json={"image": test_image}).json()["container_id"]
+        api.post("/container/exec", json={"container_id": agent, "command": "touch /testbed/TAMPERED"})
+        _until(lambda: api.get("/status").json()["warm"].get(test_image) == 1, what="a warm container")
+        ev = api.post("/container/evaluate", json={"container_id": agent, "patch": noop,
+                                                   "instance": instance}).json()
+        assert ev["ok"] and ev["resolved"] is False, ev
+        assert _takes(api) == {"miss": 1.0, "hit": 1.0}
+        ev = api.post("/container/evaluate", json={"container_id": agent, "patch": GOOD_PATCH,
+                                                   "instance": instance}).json()
+        assert ev["resolved"] is True, ev
+        api.post("/container/destroy", json={"container_id": agent})
