@@ -280,9 +280,11 @@ class Bench:
         if self.node_id:  # envd keeps Redis-leased containers when it stops (a restart adopts them)
             import docker
 
+            from envd.docker_backend import LABEL_OWNER
+
             client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST", ""), timeout=120)
             try:
-                for c in client.containers.list(all=True, filters={"label": f"swarl.owner={self.node_id}"}):
+                for c in client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={self.node_id}"}):
                     c.remove(force=True)
             finally:
                 client.close()

@@ -176,9 +176,10 @@ class Envd:
     async def _make_warm(self, image: str) -> tuple[str, str, dict[str, str]] | None:
         assert self.backend and self.images
         with self.images.hold(image):
-            if not await self.run(self.backend.has_image, image):
+            try:
+                made = await self.run(self.backend.create, image, "warm", self.ecfg.lease_ttl_s, None)
+            except NotFound:  # the image left the node (a create pulls it; a refill does not)
                 return None
-            made = await self.run(self.backend.create, image, "warm", self.ecfg.lease_ttl_s, None)
         self.metrics.created.inc()
         return made
 

@@ -4,10 +4,10 @@ A create (a lease's container, or the fresh container an evaluation grades in) c
 create and start: most of a second on an idle node, seconds on a busy one, and it sits on the
 episode's critical path. envd keeps up to `warm_per_image` started containers of every image it
 was asked for in the last `warm_idle_s` (at most `warm_max` in all: at that bound the image
-wanted least recently gives one up) and hands one out instead of creating. A warm container is exactly what a create makes (same image, limits, entrypoint;
-nothing ran in it), only made earlier, when the node had time; so grading in a "fresh"
-container keeps its meaning. A take starts the image's refill, one create at a time per image.
-Warm containers hold no lease: a crash leaves them to the next start-up's orphan sweep.
+wanted least recently gives one up) and hands one out instead of creating. A warm container is
+exactly what a create makes (same image, limits, entrypoint; nothing ran in it), only made
+earlier, when the node had time; so grading in a "fresh" container keeps its meaning. A take
+starts the image's refill, one create at a time per image. Warm containers hold no lease: a crash leaves them to the next start-up's orphan sweep.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from common.logs import get_logger
@@ -29,7 +29,6 @@ class WarmContainer:
     id: str
     name: str
     labels: dict[str, str]
-    made: float = field(default_factory=time.time)
 
 
 class WarmPool:
@@ -49,9 +48,6 @@ class WarmPool:
 
     def count(self) -> int:
         return sum(len(v) for v in self.ready.values())
-
-    def ids(self) -> set[str]:
-        return {w.id for v in self.ready.values() for w in v}
 
     def take(self, image: str) -> WarmContainer | None:
         """A warm container of `image` (the oldest), or None; either way the image is wanted."""
