@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock
 
 
 def fsync_dir(path: Path) -> None:
@@ -13,3 +18,12 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def machine_lock(name: str, timeout_s: float = 3600.0) -> Iterator[None]:
+    """Serialise one job across the processes of this machine (tests run in parallel workers,
+    a demo and a CLI may build or start the same thing at once). Bounded: a holder that hangs
+    for `timeout_s` is an error, not a silent wait."""
+    with FileLock(Path(tempfile.gettempdir()) / f"swarl-{name}.lock", timeout=timeout_s):
+        yield

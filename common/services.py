@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.files import machine_lock
 from common.logs import get_logger
 
 log = get_logger("services")
@@ -127,8 +128,15 @@ def ensure_docker(timeout: float = 60.0) -> str:
     exe = shutil.which("dockerd")
     if exe is None:
         raise RuntimeError("no Docker engine answers and dockerd is not installed: run `make setup`")
-    DOCKER_ROOT.mkdir(parents=True, exist_ok=True)
     url = f"unix://{DOCKER_SOCK}"
+    with machine_lock("dockerd", timeout_s=timeout + 30):
+        if docker_answers(url):  # another process (a parallel test worker, a demo) started it
+            return url
+        return _start_dockerd(exe, url, timeout)
+
+
+def _start_dockerd(exe: str, url: str, timeout: float) -> str:
+    DOCKER_ROOT.mkdir(parents=True, exist_ok=True)
     with open(DOCKER_ROOT / "dockerd.log", "ab") as logf:  # the daemon keeps its own copy
         subprocess.Popen(
             [exe, "--storage-driver=overlay2", "--iptables=false", "--ip6tables=false",

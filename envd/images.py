@@ -10,7 +10,6 @@ when the label already matches.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import os
@@ -24,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.files import machine_lock
 from common.logs import get_logger
 from envd.tasks import load_tasks, task_files
 from envd.tasks.gitrepo import GIT_ENV
@@ -107,18 +107,6 @@ def debian_mirror(sources_dir: str | os.PathLike[str] = "/etc/apt") -> str:
     return DEFAULT_MIRROR
 
 
-@contextlib.contextmanager
-def _build_lock(name: str) -> Iterator[None]:
-    """Serialise builds across processes (tests, demo and CLI may build at the same time)."""
-    path = Path(tempfile.gettempdir()) / f"swarl-{name}.lock"
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _image_labels(client: docker.DockerClient, name: str) -> dict[str, str] | None:
     import docker.errors
 
@@ -132,7 +120,7 @@ def _image_labels(client: docker.DockerClient, name: str) -> dict[str, str] | No
 def ensure_base_image(client: docker.DockerClient, force: bool = False) -> str:
     """`swarl/base:bookworm`: debootstrap (minbase) once, `docker import`, then cached (rebuilt
     when its content-hash label no longer matches the package list and recipe)."""
-    with _build_lock("base-image"):
+    with machine_lock("base-image"):
         labels = _image_labels(client, BASE_IMAGE)
         if not force and labels is not None and labels.get(LABEL_HASH) == base_content_hash():
             return BASE_IMAGE  # cached: same suite, packages and recipe
@@ -257,7 +245,7 @@ def build_task_images(
     tasks = load_tasks("all") if tasks is None else tasks
     images: list[str] = []
     t0 = time.monotonic()
-    with _build_lock("task-images"):
+    with machine_lock("task-images"):
         prog_ctx = _progress(len(tasks)) if progress else contextlib.nullcontext(None)
         with prog_ctx as advance:
             for task in tasks:

@@ -20,6 +20,12 @@ from swarl.config import SwarlConfig, load_config
 ast_guard.install()  # before pytest parses (rewrites) the test modules
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The whole-system runs (tests/system, minutes each) first: `make test` runs on parallel
+    workers (pytest-xdist, worksteal), and a long test started last would be the suite's tail."""
+    items.sort(key=lambda item: item.path.parent.name != "system")  # stable: order kept otherwise
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
     srv = start_redis(tmp_path_factory.mktemp("redis"))

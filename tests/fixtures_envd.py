@@ -73,6 +73,13 @@ def _tar_of(files: dict[str, str]) -> bytes:
 
 def build_test_image(client) -> str:
     """Return TEST_IMAGE, building it (and the base image) when absent."""
+    from common.files import machine_lock
+
+    with machine_lock("test-image"):  # parallel workers: one builds, the others find it built
+        return _build_test_image(client)
+
+
+def _build_test_image(client) -> str:
     from envd.images import ensure_base_image
 
     if _image_exists(client, TEST_IMAGE):
