@@ -32,6 +32,13 @@ def learner(
     from swarl.wiring import learner_runtime, publisher_factory
 
     cfg = load(config, sets, extra={"learner.max_steps": max_steps})
+    sampled, assumed = cfg.actor.sampling.temperature, cfg.learner.rollout_temperature
+    if sampled > 0 and sampled != assumed:  # greedy (0) is not trained on: nothing to match
+        typer.echo(f"swarl learner: learner.rollout_temperature={assumed:g} but "
+                   f"actor.sampling.temperature={sampled:g}: the learner's logprobs are of "
+                   "softmax(logits / learner.rollout_temperature) and must be of the distribution "
+                   "the actors sample from; set both", err=True)
+        raise typer.Exit(2)
     under_torchrun = "LOCAL_RANK" in os.environ
     if nproc_per_node > 1 and not under_torchrun:
         args = [*(["-c", config] if config else []), *(a for s in sets or () for a in ("--set", s)),

@@ -1,0 +1,19 @@
+"""`swarl learner` refuses a config it would train wrongly with, naming the keys."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SWARL = shutil.which("swarl") or str(Path(sys.executable).parent / "swarl")
+
+
+def test_a_sampling_temperature_the_learner_does_not_assume_is_named(tmp_path):
+    r = subprocess.run([SWARL, "learner", "--set", "actor.sampling.temperature=0.7",
+                        "--set", f"run.dir={tmp_path}"], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "SWARL_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert r.returncode == 2, r.stderr
+    assert "learner.rollout_temperature=1" in r.stderr and "actor.sampling.temperature=0.7" in r.stderr
+    assert "Traceback" not in r.stderr
