@@ -80,6 +80,17 @@ class SwarlConfig(LayeredSettings):
         return self.redis.model_copy(update={"url": url})
 
 
+def rollout_temperature_error(cfg: SwarlConfig) -> str | None:
+    """Why a learner would train on logprobs of another distribution than the actors sample
+    from, or None. Greedy actors (temperature 0) are not trained on: nothing to match."""
+    sampled, assumed = cfg.actor.sampling.temperature, cfg.learner.rollout_temperature
+    if sampled > 0 and sampled != assumed:
+        return (f"learner.rollout_temperature={assumed:g} but actor.sampling.temperature={sampled:g}: "
+                "the learner's logprobs are of softmax(logits / learner.rollout_temperature) and must "
+                "be of the distribution the actors sample from; set both")
+    return None
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Iterable[str] = (),

@@ -40,7 +40,14 @@ import yaml
 from common.logs import get_logger
 from common.procs import ProcessGroup, Restart, swarl_exe, wait_http
 from common.services import RedisProcess, ensure_docker, free_port, start_redis, wait_port
-from swarl.config import CONFIG_DIR, REPO_ROOT, SwarlConfig, load_config
+from swarl.config import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    ConfigError,
+    SwarlConfig,
+    load_config,
+    rollout_temperature_error,
+)
 
 log = get_logger("demo")
 CACHE = Path(os.environ.get("SWARL_CACHE", Path.home() / ".cache" / "swarl"))
@@ -467,6 +474,8 @@ class Demo:
 
     # -- the whole run -----------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        if (why := rollout_temperature_error(self.config())) is not None:
+            raise ConfigError(why)  # before any process starts: the learner would refuse it
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir}")
         redis_url = self.start_redis()

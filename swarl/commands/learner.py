@@ -29,15 +29,12 @@ def learner(
     from common.services import redis_for_command
     from learner.service import ResumeError, run_learner
     from swarl.cliutil import load
+    from swarl.config import rollout_temperature_error
     from swarl.wiring import learner_runtime, publisher_factory
 
     cfg = load(config, sets, extra={"learner.max_steps": max_steps})
-    sampled, assumed = cfg.actor.sampling.temperature, cfg.learner.rollout_temperature
-    if sampled > 0 and sampled != assumed:  # greedy (0) is not trained on: nothing to match
-        typer.echo(f"swarl learner: learner.rollout_temperature={assumed:g} but "
-                   f"actor.sampling.temperature={sampled:g}: the learner's logprobs are of "
-                   "softmax(logits / learner.rollout_temperature) and must be of the distribution "
-                   "the actors sample from; set both", err=True)
+    if (why := rollout_temperature_error(cfg)) is not None:
+        typer.echo(f"swarl learner: {why}", err=True)
         raise typer.Exit(2)
     under_torchrun = "LOCAL_RANK" in os.environ
     if nproc_per_node > 1 and not under_torchrun:

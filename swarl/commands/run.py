@@ -41,6 +41,7 @@ def demo(
     learner; trains for --minutes and prints resolve rates before and after with 95% intervals
     and the control's (last line: JSON)."""
     from common.logs import setup_logging
+    from swarl.config import ConfigError
     from swarl.demo import DemoOptions, run_demo, run_seeds
 
     setup_logging("warning")
@@ -63,6 +64,9 @@ def demo(
     except KeyboardInterrupt:
         typer.echo("swarl demo: interrupted; every process was stopped", err=True)
         raise typer.Exit(130) from None
+    except ConfigError as e:
+        typer.echo(f"swarl demo: {e}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(json.dumps(result))
 
 
