@@ -32,6 +32,16 @@ OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
 DOC = ROOT / "docs" / "demo.md"
 
 
+def sampling_temperature(seed_dir: Path) -> float | None:
+    """The actors' sampling temperature in a demo run's effective config (evaluations use it too)."""
+    import yaml
+
+    try:
+        return float(yaml.safe_load((seed_dir / "config.yaml").read_text())["actor"]["sampling"]["temperature"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def run(seeds: str, minutes: float | None, extra: list[str]) -> Path:
     run_dir = ROOT / "runs" / f"demo-learning-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
@@ -60,14 +70,19 @@ def main() -> int:
                         + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
                         + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
                         "wall_minutes": round((time.monotonic() - t0) / 60, 1), "run_dir": str(run_dir),
-                        "demo": [r["result"] for r in data["runs"]]}
+                        "demo": [r["result"] for r in data["runs"]],
+                        "temperature": sampling_temperature(Path(data["runs"][0]["result"]["run_dir"]))}
         OUT_JSON.write_text(json.dumps(data, indent=1) + "\n")
         shutil.copy(run_dir / "learning-seeds.png", OUT_PNG)
     agg = aggregate(data["runs"])
     meta = data.get("meta", {})
-    r0 = data["runs"][0]["result"]
-    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`: {r0['minutes']:g} min of training per seed, "
-           f"about {r0['samples_trained']} samples trained per seed; the control is the policy that did not "
+    results = [r["result"] for r in data["runs"]]
+    samples = sorted(r["samples_trained"] for r in results)
+    steps = sorted(r.get("learner_steps", 0) for r in results)
+    temp = f", sampling temperature {meta['temperature']:g}" if meta.get("temperature") is not None else ""
+    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`: {results[0]['minutes']:g} min of training "
+           f"per seed ({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}); "
+           f"the control is the policy that did not "
            f"learn (lr 0: the warm start's weights, loaded back from disk), evaluated again. Before, after and "
            f"control share their sampling draws per (task, sample) (common random numbers, seeded by the seed).")
     if not OUT_PNG.exists():
