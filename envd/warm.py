@@ -7,7 +7,8 @@ was asked for in the last `warm_idle_s` (at most `warm_max` in all: at that boun
 wanted least recently gives one up) and hands one out instead of creating. A warm container is
 exactly what a create makes (same image, limits, entrypoint; nothing ran in it), only made
 earlier, when the node had time; so grading in a "fresh" container keeps its meaning. A take
-starts the image's refill, one create at a time per image. Warm containers hold no lease: a crash leaves them to the next start-up's orphan sweep.
+starts the image's refill, one create at a time per image. Warm containers hold no lease: a
+crash leaves them to the next start-up's orphan sweep.
 """
 
 from __future__ import annotations

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-SWARL = shutil.which("swarl") or str(Path(sys.executable).parent / "swarl")
+from common.procs import swarl_exe
+
+SWARL = swarl_exe()
 
 
 def test_a_sampling_temperature_the_learner_does_not_assume_is_named(tmp_path):
-    r = subprocess.run([SWARL, "learner", "--set", "actor.sampling.temperature=0.7",
+    r = subprocess.run([*SWARL, "learner", "--set", "actor.sampling.temperature=0.7",
                         "--set", f"run.dir={tmp_path}"], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "SWARL_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert r.returncode == 2, r.stderr
@@ -21,7 +20,7 @@ def test_a_sampling_temperature_the_learner_does_not_assume_is_named(tmp_path):
 
 def test_the_demo_refuses_it_before_starting_anything(tmp_path):
     run_dir = tmp_path / "demo"
-    r = subprocess.run([SWARL, "demo", "--set", "actor.sampling.temperature=0.35", "--run-dir", str(run_dir)],
+    r = subprocess.run([*SWARL, "demo", "--set", "actor.sampling.temperature=0.35", "--run-dir", str(run_dir)],
                        capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2, r.stderr
     assert "learner.rollout_temperature=" in r.stderr and "actor.sampling.temperature=0.35" in r.stderr
