@@ -101,11 +101,14 @@ async def _lead(rt: LearnerRuntime, trainer: Trainer, ckpt: Path | None, base: s
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, learner.stop)
+    clean = False
     try:
-        return await learner.run()
+        state = await learner.run()
+        clean = True
+        return state
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if publisher is not None:
-            await publisher.close()
+            await publisher.close(finish_rollout=clean)
         await redis.aclose()

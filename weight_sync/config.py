@@ -87,6 +87,12 @@ class WeightSyncConfig(Section):
         False, description="publish() returns only after every live server has tried the new "
         "version (tests, synchronous runs); else the rollout runs in the background.",
     )
+    stop_rollout_timeout_s: float = Field(
+        60.0, ge=0, description="On a clean stop (SIGTERM), the learner waits up to this long for "
+        "the last version it published to reach every live server before its coordinator stops, "
+        "so servers are not left a version behind the registry's current one (0: stop at once; "
+        "the next learner or coordinator brings them forward either way).",
+    )
     api_key: str | None = Field(
         None, description="Bearer token for the inference servers (else inference.api_key or "
         "SWARL_INFERENCE_API_KEY).",

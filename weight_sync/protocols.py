@@ -24,7 +24,10 @@ class WeightPublisher(Protocol):
         policy registry, and roll it out to the inference servers. Returns the manifest."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self, finish_rollout: bool = False) -> None:
+        """Release everything; finish_rollout (a clean stop): first let the last version reach
+        the servers, within a bound."""
+        ...
 
 
 class ServerClient(Protocol):

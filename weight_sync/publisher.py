@@ -42,6 +42,7 @@ class Publisher:
         self.cfg, self.keys, self.run_dir, self.base_model_dir = cfg, keys, run_dir, base_model_dir
         self.policy = PolicyRegistry(redis, keys)
         self.coordinator = coordinator
+        self.last_version = 0  # the newest version this publisher recorded
 
     async def publish(self, version: int, step: int, named_tensors: NamedTensors) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -61,6 +62,7 @@ class Publisher:
         if coord is not None and not self.cfg.verify_own_checkpoints:
             coord.trust(manifest)
         await self.policy.publish(version, manifest)
+        self.last_version = max(self.last_version, version)
         log.info("version_published", version=version, step=step, bytes=manifest["bytes"],
                  files=len(manifest["files"]), write_s=manifest["write_s"],
                  publish_s=round(time.monotonic() - t0, 3))
@@ -77,9 +79,19 @@ class Publisher:
         """The coordinator's counters (empty without a coordinator)."""
         return self.coordinator.metrics() if self.coordinator is not None else {}
 
-    async def close(self) -> None:
-        if self.coordinator is not None:
-            await asyncio.to_thread(self.coordinator.stop)
+    async def close(self, finish_rollout: bool = False) -> None:
+        """Stop the coordinator; with finish_rollout (a clean stop), first let the last
+        published version reach every live server, for at most stop_rollout_timeout_s."""
+        coord = self.coordinator
+        if coord is None:
+            return
+        wait_s = self.cfg.stop_rollout_timeout_s
+        if finish_rollout and self.last_version and wait_s > 0:
+            t0 = time.monotonic()
+            ok = await coord.wait_rolled(self.last_version, wait_s)
+            log.info("stop_rollout", version=self.last_version, rolled=ok,
+                     seconds=round(time.monotonic() - t0, 3))
+        await asyncio.to_thread(coord.stop)
 
 
 def _redis_maker(redis_cfg: RedisConfig | None, redis: aioredis.Redis) -> Callable[[], aioredis.Redis]:

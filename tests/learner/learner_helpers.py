@@ -89,5 +89,5 @@ class DirPublisher:
         self.published.append(version)
         return manifest
 
-    async def close(self) -> None:
+    async def close(self, finish_rollout: bool = False) -> None:
         pass
