@@ -129,6 +129,57 @@ class AsyncOutageRetry(AsyncRetry):
                 await asyncio.sleep(delay)
 
 
+_RETRYING: dict[type, type] = {}
+
+
+def _retrying_connect(base: type) -> type:
+    """`base` (a redis-py connection class) whose whole connect() runs under the connection's
+    retry: redis-py retries only opening the socket, so an error in the handshake after it
+    (AUTH, HELLO, SELECT, CLIENT SETINFO: a server that died or restarted just after accepting)
+    would reach the caller at once from the pool, outside every command's retry. The outer
+    budget starts first, so a connect gives up within about outage_s (at most twice that when
+    the socket part alone used up its own budget just as the handshake failed).
+
+    A connection being opened also skips redis-py's health-check PING before the handshake's
+    first command: that PING runs under the retry, which reconnects through connect() again,
+    so a server that accepts and drops connections would nest one connect per drop until the
+    recursion limit; a new connection's handshake already proves it alive."""
+    if base in _RETRYING:
+        return _RETRYING[base]
+    if inspect.iscoroutinefunction(getattr(base, "connect", None)):
+
+        class AsyncConn(base):
+            async def connect(self) -> None:
+                parent = super().connect
+
+                async def attempt() -> None:
+                    if not self.is_connected:
+                        self.next_health_check = (asyncio.get_running_loop().time()
+                                                  + self.health_check_interval)
+                    await parent()
+
+                await self.retry.call_with_retry(attempt, lambda _e: self.disconnect())
+
+        cls: type = AsyncConn
+    else:
+
+        class SyncConn(base):
+            def connect(self) -> None:
+                parent = super().connect
+
+                def attempt() -> None:
+                    if self._sock is None:
+                        self.next_health_check = time.time() + self.health_check_interval
+                    parent()
+
+                self.retry.call_with_retry(attempt, lambda _e: self.disconnect())
+
+        cls = SyncConn
+    cls.__name__ = cls.__qualname__ = f"Retrying{base.__name__}"
+    _RETRYING[base] = cls
+    return cls
+
+
 def _common_kwargs(cfg: RedisConfig, retry: Any) -> dict[str, Any]:
     return {
         "socket_timeout": cfg.socket_timeout_s,
@@ -189,7 +240,12 @@ def _client(url: str, cfg: RedisConfig | None, sync: bool, redis_class: type | N
             kwargs["redis_class"] = redis_class
         return sentinel.master_for(master, db=db, **kwargs, **opts)
     cls: Any = redis_class or (redis.Redis if sync else aioredis.Redis)
-    return cls.from_url(url, **kwargs)
+    client = cls.from_url(url, **kwargs)
+    # (Sentinel-managed connections need no wrapper: their connect() retries the lookup, the
+    # socket and the handshake together.)
+    pool = client.connection_pool
+    pool.connection_class = _retrying_connect(pool.connection_class)
+    return client
 
 
 def connect(url: str, cfg: RedisConfig | None = None) -> aioredis.Redis:

@@ -19,7 +19,7 @@ import redis as redis_sync
 from redis.exceptions import ConnectionError
 
 from broker.config import RedisConfig
-from broker.connection import connect
+from broker.connection import connect, connect_sync
 from broker.keys import Keys
 from broker.tasks import arq_pool, enqueue_jobs, jobs_for
 
@@ -49,6 +49,72 @@ async def test_a_command_waits_out_a_restart_and_gives_up_after_the_budget(aof_r
     assert 0.9 < time.monotonic() - t0 < 15
     assert "redis_outage_budget_exceeded" in caplog.text
     await short.aclose()
+
+
+class HandshakeDropper:
+    """A TCP relay to a real redis-server. Each of the first `drops` connections is cut right
+    after Redis's first reply reaches the client: Redis dying during a client's handshake
+    (redis-py's health-check PING answered, then CLIENT SETINFO meets a closed socket), as when
+    it is killed while clients reconnect. Later connections are relayed whole."""
+
+    def __init__(self, target_port: int, drops: int) -> None:
+        self.target_port, self.drops, self.dropped = target_port, drops, 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        cut = self.dropped < self.drops
+        self.dropped += cut
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, once: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                    if once:
+                        break
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+                (writer if dst is uw else uw).close()
+
+        await asyncio.gather(pipe(reader, uw, False), pipe(ur, writer, cut))
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_a_connection_dropped_during_its_handshake_is_retried(redis_server, caplog):
+    cfg = RedisConfig(outage_s=30, retry_backoff_s=0.05)
+    relay = HandshakeDropper(redis_server.port, drops=3)
+    url = await relay.start()
+    try:
+        r = connect(url, cfg)  # asyncio client: its first connection is dropped three times
+        assert await r.set("k", "v")
+        assert relay.dropped == 3
+        await r.aclose()
+        relay.dropped = 0  # the sync client (CLI commands) the same
+        s = connect_sync(url, cfg)
+        assert await asyncio.to_thread(s.get, "k") == b"v"
+        assert relay.dropped == 3
+        s.close()
+        assert "redis_unreachable_retrying" in caplog.text
+        # a server that drops every handshake is an outage like any other: the budget ends it
+        relay.dropped, relay.drops = 0, 10**6
+        short = connect(url, RedisConfig(outage_s=1.0, retry_backoff_s=0.05))
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError):
+            await short.ping()
+        assert time.monotonic() - t0 < 15 and relay.dropped > 1
+        await short.aclose()
+    finally:
+        await relay.stop()
 
 
 def _worker(url: str, log: Path) -> subprocess.Popen[bytes]:
