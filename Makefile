@@ -15,7 +15,7 @@ demo-learning: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 $(ARGS)
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal --durations=15 $(ARGS)
 
 # the whole-system runs of several minutes (marker `long`): the tiny-model whole loop, the quick
 # async-vs-sync benchmark, every bundled task graded under the reward-hack defences
