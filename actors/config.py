@@ -88,6 +88,12 @@ class ActorConfig(Section):
     reward_resolved: float = Field(default=1.0, description="Reward of a resolved instance.")
     reward_unresolved: float = Field(default=-1.0, description="Reward of an unresolved instance.")
     format_error_penalty: float = Field(default=0.0, description="Subtracted from the reward per format error.")
+    mask_format_errors: bool = Field(
+        default=False, description="No gradient through a reply without exactly one action (its "
+        "loss mask is zeroed; the episode's reward, penalty included, still trains its other "
+        "turns and counts in its group). Pushing down the sampled tokens of garbled replies, "
+        "which the policy gives low probability, makes the largest gradients of a batch and can "
+        "raise entropy into more of them (as DAPO masks truncated replies).")
     compact_filtering: bool = Field(
         default=False, description="Mask (exclude from loss and group statistics) the samples of "
         "episodes that hit the step, context or time limit: a cut-off attempt is not judged.")

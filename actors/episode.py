@@ -194,12 +194,14 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
     if not steps:
         p = ep.agent.conversation.prompt
         return [sample(0, 1, p, [0] * len(p), [0.0] * len(p), len(p), [])]
+    # one block of the conversation per step: a garbled reply's tokens may be left out of the loss
+    trained = [0 if cfg.mask_format_errors and s.format_error else 1 for s in steps]
     if cfg.dynamic_history:
         out = []
         for k, s in enumerate(steps):
             n_p, n_a, n_c = len(s.prompt_ids), len(s.answer_ids), len(s.closing_ids)
             out.append(sample(k, len(steps), s.prompt_ids + s.answer_ids + s.closing_ids,
-                              [0] * n_p + [1] * n_a + [0] * n_c,
+                              [0] * n_p + [trained[k]] * n_a + [0] * n_c,
                               [0.0] * n_p + s.logprobs + [0.0] * n_c, n_p, versions[: k + 1]))
         return out
     conv = ep.agent.conversation
@@ -207,7 +209,7 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
     for i, b in enumerate(conv.blocks):
         obs = b.observation if i < len(conv.blocks) - 1 else []  # nothing follows the last answer
         tokens += b.gen_prompt + b.answer + b.closing + obs
-        mask += [0] * len(b.gen_prompt) + [1] * len(b.answer) + [0] * (len(b.closing) + len(obs))
+        mask += [0] * len(b.gen_prompt) + [trained[i]] * len(b.answer) + [0] * (len(b.closing) + len(obs))
         lps += [0.0] * len(b.gen_prompt) + b.logprobs + [0.0] * (len(b.closing) + len(obs))
     return [sample(0, 1, tokens, mask, lps, len(conv.prompt), versions)]
 

@@ -10,7 +10,8 @@ from actors.encoding import ChatEncoder
 from actors.episode import EpisodeJob, make_agent, run_episode
 from actors.protocols import InfraError
 from actors.templates import load_templates
-from inference.scripted import SCRIPTED_LOGPROB, ScriptedPolicy
+from inference.generation import Generation
+from inference.scripted import SCRIPTED_LOGPROB, ScriptedPolicy, script_turn
 
 JOB = EpisodeJob("test:local__calc-1:g0:s0", INSTANCE, "local__calc-1:g0", 0, 2)
 
@@ -20,10 +21,20 @@ def base_repo(tmp_path):
     return make_repo(tmp_path / "base")
 
 
-async def _run(tok, base_repo, mode="fix", version="3", pinned=3, **overrides):
+class GarbledFirstTurn(ScriptedPolicy):
+    """A reply without an action, then the gold fix and submit."""
+
+    def answer(self, input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> Generation:
+        inst, turn = self.locate(input_ids)
+        text = script_turn("format", inst, 0) if turn == 0 else script_turn("fix", inst, turn - 1)
+        ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos_id]
+        return Generation(ids, [SCRIPTED_LOGPROB] * len(ids), "stop", self.weight_version, text)
+
+
+async def _run(tok, base_repo, mode="fix", version="3", pinned=3, policy_cls=ScriptedPolicy, **overrides):
     cfg = ActorConfig(**{"exec_timeout_s": 10, "step_limit": 6, **overrides})
     env = LocalEnv(base_repo)
-    policy = ScriptedPolicy(tok, mode, version, [INSTANCE], sleep_s=5)
+    policy = policy_cls(tok, mode, version, [INSTANCE], sleep_s=5)
     try:
         agent = make_agent(cfg, load_templates(), ChatEncoder(tok), policy, env, JOB, pinned)
         return await run_episode(agent, JOB), env
@@ -70,6 +81,25 @@ async def test_format_errors_answered_then_step_limit(chatml_tokenizer, base_rep
     assert ep.reward == pytest.approx(-1.3)   # empty patch: unresolved, minus the penalty
     assert ep.evaluation is None
     assert all(s.masked and s.mask_reason == "compact_filtering:step" for s in ep.samples)
+
+
+@pytest.mark.parametrize("dynamic_history", [True, False])
+async def test_mask_format_errors_trains_only_the_turns_with_one_action(chatml_tokenizer, base_repo,
+                                                                        dynamic_history):
+    runs = {mask: await _run(chatml_tokenizer, base_repo, policy_cls=GarbledFirstTurn,
+                             format_error_penalty=0.5, mask_format_errors=mask,
+                             dynamic_history=dynamic_history)
+            for mask in (False, True)}
+    for mask, (ep, _) in runs.items():
+        steps = ep.agent.steps
+        assert [s.format_error for s in steps] == [True, False, False], ep.agent.ending
+        assert ep.resolved and ep.reward == pytest.approx(0.5)  # the penalty is still paid
+        assert not any(s.masked for s in ep.samples)  # every sample counts in its group
+        answers = [len(s.answer_ids) for s in steps]
+        trained = sum(int(s.loss_mask.sum()) for s in ep.samples)
+        assert trained == (sum(answers[1:]) if mask else sum(answers))
+        if dynamic_history:
+            assert [int(s.loss_mask.sum()) for s in ep.samples] == [0 if mask else answers[0], *answers[1:]]
 
 
 async def test_step_limit_without_filtering_is_scored(chatml_tokenizer, base_repo):
