@@ -6,6 +6,9 @@ aggregate), benchmarks/demo_learning.png, a section in benchmarks/RESULTS.md, an
     .venv/bin/python benchmarks/demo_learning.py                 # seeds 0,1,2 on the demo defaults
     .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --minutes 3 -- --set learner.lr=4e-4
     .venv/bin/python benchmarks/demo_learning.py --report-only   # re-render from demo_learning.json
+    .venv/bin/python benchmarks/demo_learning.py --from-run runs/X -- --warm-seed 0
+        # record a finished `swarl demo --seeds ... --run-dir runs/X` (the arguments it ran with
+        # after --, for the record's command line)
 
 Arguments after `--` go to `swarl demo` as they are. The last line is one JSON object.
 """
@@ -42,6 +45,15 @@ def sampling_temperature(seed_dir: Path) -> float | None:
         return None
 
 
+def _wall_minutes(run_dir: Path) -> float | None:
+    """A finished run's wall time: its directory's creation to its summary's last write."""
+    try:
+        return round(((run_dir / "learning-seeds.json").stat().st_mtime
+                      - min(p.stat().st_mtime for p in run_dir.glob("seed-*/config.yaml"))) / 60, 1)
+    except (OSError, ValueError):
+        return None
+
+
 def run(seeds: str, minutes: float | None, extra: list[str]) -> Path:
     run_dir = ROOT / "runs" / f"demo-learning-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
@@ -58,18 +70,24 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--minutes", type=float, default=None, help="training minutes per seed (demo default)")
     ap.add_argument("--report-only", action="store_true", help="re-render from benchmarks/demo_learning.json")
+    ap.add_argument("--from-run", type=Path, default=None,
+                    help="record this finished `swarl demo --seeds` run directory instead of running")
     ap.add_argument("demo_args", nargs="*", help="after --: passed to `swarl demo`")
     a = ap.parse_args()
     if a.report_only:
         data = json.loads(OUT_JSON.read_text())
     else:
         t0 = time.monotonic()
-        run_dir = run(a.seeds, a.minutes, a.demo_args)
+        run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.demo_args)
         data = json.loads((run_dir / "learning-seeds.json").read_text())
+        if a.from_run:
+            a.seeds = ",".join(str(r["seed"]) for r in data["runs"])
         data["meta"] = {"command": f"benchmarks/demo_learning.py --seeds {a.seeds}"
                         + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
                         + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
-                        "wall_minutes": round((time.monotonic() - t0) / 60, 1), "run_dir": str(run_dir),
+                        "wall_minutes": (_wall_minutes(run_dir) if a.from_run
+                                         else round((time.monotonic() - t0) / 60, 1)),
+                        "run_dir": str(run_dir),
                         "demo": [r["result"] for r in data["runs"]],
                         "temperature": sampling_temperature(Path(data["runs"][0]["result"]["run_dir"]))}
         OUT_JSON.write_text(json.dumps(data, indent=1) + "\n")
