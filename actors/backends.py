@@ -4,6 +4,7 @@ the agent did to its own container is not one."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from actors.protocols import EvalOutcome, ExecOutput, Generation, InfraError
@@ -47,16 +48,27 @@ class ServerPolicy:
 
 
 class PoolEnv:
-    """Env over a pool lease; evaluation runs in a fresh container with SWE-bench grading."""
+    """Env over a pool lease; evaluation runs in a fresh container with SWE-bench grading.
+
+    `lease` may still be on its way (a task: actor.lease_ahead): the first call waits for it and
+    raises its InfraError if the allocation failed."""
 
     def __init__(self, pool: Any, lease: Any, instance: dict[str, Any], cwd: str,
                  exec_env: dict[str, str]) -> None:
         self.pool, self.lease, self.instance = pool, lease, instance
         self.cwd, self.exec_env = cwd, exec_env
 
+    async def lease_id(self) -> str:
+        if isinstance(self.lease, asyncio.Future):
+            # shielded: an episode cancelled while it waits must not cancel the allocation, whose
+            # lease the episode's owner still closes
+            self.lease = await asyncio.shield(self.lease)
+        return str(self.lease.lease_id)
+
     async def exec(self, command: str, timeout_s: float) -> ExecOutput:
+        lease_id = await self.lease_id()
         try:
-            r = await self.pool.exec(self.lease.lease_id, command, cwd=self.cwd, timeout=timeout_s,
+            r = await self.pool.exec(lease_id, command, cwd=self.cwd, timeout=timeout_s,
                                      env=self.exec_env)
         except Exception as e:
             raise InfraError("env_exec", f"{type(e).__name__}: {e}") from e
@@ -65,22 +77,24 @@ class PoolEnv:
     async def diff(self) -> str:
         from envd.client import DiffFailed
 
+        lease_id = await self.lease_id()
         try:
-            return await self.pool.diff(self.lease.lease_id, cwd=self.cwd)
+            return await self.pool.diff(lease_id, cwd=self.cwd)
         except DiffFailed as e:
             # The container answered and git failed in it: the agent broke its own repository
             # (rm -rf /, a fork bomb holding every pid, .git deleted). That is the agent's
             # doing, so no patch (reward_unresolved), not an infrastructure failure that would
             # spare it the penalty.
-            log.warning("diff_failed_in_container", lease=self.lease.lease_id,
+            log.warning("diff_failed_in_container", lease=lease_id,
                         returncode=e.returncode, error=e.error[:200])
             return ""
         except Exception as e:
             raise InfraError("env_diff", f"{type(e).__name__}: {e}") from e
 
     async def evaluate(self, patch: str, timeout_s: float) -> EvalOutcome:
+        lease_id = await self.lease_id()
         try:
-            r = await self.pool.evaluate(self.lease.lease_id, patch, instance=self.instance,
+            r = await self.pool.evaluate(lease_id, patch, instance=self.instance,
                                          timeout=timeout_s, cwd=self.cwd)
         except Exception as e:
             raise InfraError("env_evaluate", f"{type(e).__name__}: {e}") from e

@@ -102,6 +102,10 @@ class ActorConfig(Section):
                                      description="Environment of every command.")
     pin_wait_s: float = Field(default=60.0, description="How long to wait for a ready inference server.")
     allocate_wait_s: float = Field(default=300.0, description="How long the pool may take to lease a container.")
+    lease_ahead: bool = Field(
+        default=True, description="Lease the episode's container while the policy writes its first "
+        "turn (which needs only the issue): a container's create and start, seconds for a large "
+        "SWE image, come off every episode's path. Off: the first turn waits for the lease.")
     generate_timeout_s: float = Field(default=600.0, description="HTTP timeout of one /generate call.")
     heartbeat_s: float = Field(default=5.0, description="Interval of the actor registry heartbeat, "
                                "the pin renewal and the lease heartbeat.")

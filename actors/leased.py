@@ -88,8 +88,8 @@ class LeasedEpisodes:
         error: BaseException | None = None
         try:
             encoder = await self.encoder(policy)
-            async with self._lease(job) as lease:
-                env = PoolEnv(self.pool, lease, job.instance, self.cfg.cwd, self.cfg.exec_env)
+            async with self._lease(job) as alloc:
+                env = PoolEnv(self.pool, alloc, job.instance, self.cfg.cwd, self.cfg.exec_env)
                 agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
                                    self._step_judge(job, encoder))
                 ep = await run_episode(agent, job, on_generated)
@@ -113,30 +113,52 @@ class LeasedEpisodes:
 
     @contextlib.asynccontextmanager
     async def _lease(self, job: EpisodeJob) -> Any:
+        """Yields the task allocating the lease: with actor.lease_ahead still under way (PoolEnv
+        waits for it at its first call, so the policy's first turn runs meanwhile), else done.
+        Whatever was allocated is closed when the episode ends, also if it never needed it."""
+        alloc = asyncio.create_task(self._allocate(job))
+        if not self.cfg.lease_ahead:
+            try:
+                await asyncio.shield(alloc)
+            except BaseException:
+                await asyncio.shield(self._release(None, alloc))
+                raise
+        beat = asyncio.create_task(self._heartbeat(alloc))
+        try:
+            yield alloc
+        finally:
+            await asyncio.shield(self._release(beat, alloc))
+
+    async def _allocate(self, job: EpisodeJob) -> Lease:
         image = job.image
         try:
-            lease = await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
-                                             owner=self.owner)
+            return await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
+                                            owner=self.owner)
         except (EnvError, EnvRequestError) as e:  # a missing image is infrastructure too
             pull = isinstance(e, EnvError) and e.reason == "pull_failed"
             raise InfraError("image_pull_failed" if pull else "allocate_failed", f"{image}: {e}") from e
-        beat = asyncio.create_task(self._heartbeat(lease))
-        try:
-            yield lease
-        finally:
-            await asyncio.shield(self._release(beat, lease))
 
-    async def _heartbeat(self, lease: Lease) -> None:
+    async def _heartbeat(self, alloc: asyncio.Task[Lease]) -> None:
         """Every request renews the lease; this keeps it through a long generation."""
+        lease = await asyncio.shield(alloc)
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
             with contextlib.suppress(EnvError, EnvRequestError):
                 await self.pool.heartbeat(lease.lease_id)
 
-    async def _release(self, beat: asyncio.Task[None], lease: Lease) -> None:
-        beat.cancel()
-        with contextlib.suppress(BaseException):
-            await beat
+    async def _release(self, beat: asyncio.Task[None] | None, alloc: asyncio.Task[Lease]) -> None:
+        if beat is not None:
+            beat.cancel()
+            with contextlib.suppress(BaseException):
+                await beat
+        try:
+            # an allocation still under way is waited for (bounded by its own wait), not
+            # cancelled: the pool may already have leased the container
+            lease = await asyncio.wait_for(asyncio.shield(alloc), self.cfg.allocate_wait_s + 30)
+        except BaseException as e:  # nothing was leased (or the pool reaps it when it expires)
+            if not isinstance(e, InfraError):
+                log.warning("lease_wait_failed", error=f"{type(e).__name__}: {e}")
+            return
         try:
             await asyncio.wait_for(self.pool.close(lease.lease_id), 30)
         except Exception as e:  # the pool reaps an unclosed lease when it expires

@@ -58,7 +58,8 @@ class Proc(Child):
 
 
 def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: Path,
-                   mode: str = "fix", version: str = "0", sleep_s: int = 30) -> Proc:
+                   mode: str = "fix", version: str = "0", sleep_s: int = 30,
+                   extra_args: list[str] | None = None) -> Proc:
     port, key = free_port(), secrets.token_hex(8)
     log_dir.mkdir(parents=True, exist_ok=True)
     tasks = log_dir / f"tasks-{port}.jsonl"
@@ -69,7 +70,7 @@ def start_scripted(tokenizer: Path, rows: list[dict], redis_url: str, log_dir: P
             [sys.executable, "-m", "swarl.cli", "scripted-policy", "serve", "--tokenizer", str(tokenizer),
              "--mode", mode, "--port", str(port), "--weight-version", version,
              "--tasks", str(tasks), "--redis-url", redis_url, "--run-id", "test",
-             "--sleep-s", str(sleep_s)],
+             "--sleep-s", str(sleep_s), *(extra_args or [])],
             stdout=logf, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
             env={**os.environ, "SWARL_INFERENCE_API_KEY": key, "TOKENIZERS_PARALLELISM": "false"})
     p = Proc(proc, log_path, url=f"http://127.0.0.1:{port}", api_key=key)

@@ -4,6 +4,8 @@ Docker engine, and policies served over SGLang's HTTP API (scripted server, CPU 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import numpy as np
 import pytest
@@ -74,7 +76,6 @@ async def test_the_pin_holds_the_turns_not_the_grading(scripted, pool_server, re
                                                        tiny_model_dir, tmp_path, test_image):
     """A draining server waits for its pins to end: an episode lets go of its server once its
     last turn is generated, and grades its patch (a fresh container, the repo's tests) after."""
-    import time
 
     server, (fix_row, _) = scripted
     cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
@@ -112,7 +113,6 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
     only be dropped. The episode (a 20 s command) is stopped within seconds: one masked sample
     (its group completes), the job done, slot, pin and container given back. At version
     max_staleness it runs on: its samples may still be trained."""
-    import time
 
     from broker.registry import PolicyRegistry
 
@@ -185,6 +185,83 @@ async def test_a_cancellation_lost_in_a_redis_call_does_not_hang_the_episodes_en
         await r.aclose()
 
 
+SLOW_TURNS = json.dumps({"turns_median": 1, "turns_sigma": 0, "token_s_median": 0.1, "token_s_sigma": 0})
+
+
+def _record_calls(monkeypatch, events: list) -> None:
+    """Record when the real policy and pool clients are called (the calls themselves go through)."""
+    from actors.backends import ServerPolicy
+    from envd.client import EnvdClient
+
+    def timed(name, fn):
+        async def call(*a, **k):
+            t0 = time.monotonic()
+            try:
+                return await fn(*a, **k)
+            finally:
+                events.append((name, t0, time.monotonic()))
+        return call
+
+    monkeypatch.setattr(ServerPolicy, "generate", timed("generate", ServerPolicy.generate))
+    monkeypatch.setattr(EnvdClient, "allocate", timed("allocate", EnvdClient.allocate))
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+async def test_the_container_is_leased_while_the_first_turn_is_written(
+        redis_url, tiny_model_dir, pool_server, tmp_path, test_image, monkeypatch, ahead: bool) -> None:
+    """actor.lease_ahead: the first turn needs only the issue, so the pool creates the episode's
+    container while the policy writes it (a slow server: 0.1 s a token); off, the turn waits."""
+    row = calc_row(test_image, 4)
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs",
+                            extra_args=["--latency-profile", SLOW_TURNS])
+    events: list = []
+    _record_calls(monkeypatch, events)
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key, **{"actor.lease_ahead": ahead}))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        assert (await ro.run(payload(row)))["resolved"]
+        (alloc,) = [e for e in events if e[0] == "allocate"]
+        first = min((e for e in events if e[0] == "generate"), key=lambda e: e[1])
+        assert first[2] - first[1] > 1.0, first   # the slow turn the lease hides behind
+        if ahead:
+            assert alloc[1] < first[1] + 0.5, (alloc, first)
+        else:
+            assert alloc[2] <= first[1], (alloc, first)
+        assert (await ro.pool.status())["leases"] == 0
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.kill()
+
+
+async def test_an_episode_stopped_while_its_lease_is_made_closes_it(
+        redis_url, tiny_model_dir, pool_server, tmp_path, test_image) -> None:
+    """Cancelled during its first (slow) turn, with the allocation under way or done: the lease
+    is still closed and its container removed."""
+    row = calc_row(test_image, 5)
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs",
+                            extra_args=["--latency-profile", SLOW_TURNS])
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key))
+    r = connect(redis_url)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    try:
+        for delay in (0.05, 1.5):
+            task = asyncio.create_task(ro.run(payload(row, group=int(delay * 100))))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            status = await ro.pool.status()
+            assert status["leases"] == 0, (delay, status)
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.kill()
+
+
 async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_dir, tmp_path):
     from common.services import free_port
 
@@ -217,7 +294,6 @@ async def test_failed_episode_writes_its_trajectory_with_the_error(tiny_model_di
     """The server changes weights in the middle of an episode: the actor gives the job back (the
     weight version no longer matches its pin), and the trajectory holds the step it ran and why."""
     import json
-    import time
 
     import httpx
 
