@@ -53,6 +53,12 @@ def test_model_is_tiny_qwen3_with_chatml_tokenizer(tiny_model_dir):
     enc = tok(code, add_special_tokens=False)["input_ids"]
     assert tok.decode(enc) == code
     assert len(enc) < len(code.encode()) / 2
+    # digits one by one, as Qwen's pre-tokenizer splits them: a number the training data never
+    # held is made of tokens it did (a model can copy it digit by digit), and merges never
+    # glue a digit to a letter or to another digit
+    pieces = [tok.decode([i]) for i in tok("fn_75(3, 30) at line 108", add_special_tokens=False)["input_ids"]]
+    assert pieces[:4] == ["fn", "_", "7", "5"], pieces
+    assert all(len(p) == 1 for p in pieces if any(c.isdigit() for c in p)), pieces
 
 
 def test_cli_init_tiny(tmp_path, tiny_model_dir):
