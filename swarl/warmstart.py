@@ -118,7 +118,7 @@ def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], 
                 attn[r, : len(x)] = 1
                 keep = torch.tensor(m, dtype=torch.bool)
                 labels[r, : len(x)] = torch.where(keep, t, torch.tensor(-100))
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+            loss = _masked_loss(model, ids, attn, labels)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -132,3 +132,15 @@ def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], 
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
     return out
+
+
+def _masked_loss(model: Any, ids: Any, attn: Any, labels: Any) -> Any:
+    """Next-token cross-entropy on the labelled positions only: the vocabulary projection is
+    computed where the loss is (the answers, about a third of a demonstration), not everywhere."""
+    import torch
+
+    hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+    target = labels[:, 1:]
+    keep = target != -100
+    logits = model.lm_head(hidden[keep])
+    return torch.nn.functional.cross_entropy(logits.float(), target[keep])

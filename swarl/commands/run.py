@@ -22,10 +22,10 @@ def demo(
     train_per_family: Annotated[int, typer.Option("--train-per-family", help="Train tasks per bug family (0: the whole train split).")] = 0,
     warm_seed: Annotated[int | None, typer.Option("--warm-seed", help="Seed of the tiny model and warm start "
                                                   "(default: --seed); fixed, seeds vary only the RL run.")] = None,
-    sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 12,
-    sft_on: Annotated[str, typer.Option("--sft-on", help="Warm start on the train split (every plausible edit) "
-                                        "or on --sft-demos new practice instances.")] = "train",
-    sft_demos: Annotated[int, typer.Option("--sft-demos", help="With --sft-on practice: instances demonstrated.")] = 4000,
+    sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 1,
+    sft_on: Annotated[str, typer.Option("--sft-on", help="Warm start on --sft-demos new practice instances "
+                                        "or on the train split (every plausible edit).")] = "practice",
+    sft_demos: Annotated[int, typer.Option("--sft-demos", help="With --sft-on practice: instances demonstrated.")] = 9600,
     sft_lr: Annotated[float, typer.Option("--sft-lr", help="Learning rate of the supervised warm start.")] = 3e-3,
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
     prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "

@@ -21,7 +21,7 @@ KEYS = {"train_before", "train_after", "heldout_before", "heldout_after", "sampl
 def test_one_minute_demo(docker_url, tmp_path) -> None:
     run_dir = tmp_path / "demo"
     p = swarl("demo", "--minutes", "1", "--actors", "1", "--concurrency", "4", "--servers", "1",
-              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-epochs", "1", "--run-dir", str(run_dir),
+              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
               # an empty cache: the warm start runs (and shows its progress) whatever ran before
               env={"SWARL_CACHE": str(tmp_path / "cache")}, timeout=1100)
