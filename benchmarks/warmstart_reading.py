@@ -77,6 +77,7 @@ def main() -> int:
 
     result: dict[str, object] = {"on": a.on, "demos": len(seqs), "epochs": a.epochs,
                                  "warm_start_s": round(time.monotonic() - t0)}
+    shown_other: dict[str, int] = {}
     for split in ("train", "heldout", "heldout_family"):
         c = {"inspect": 0, "gold": 0, "wrong": 0, "other": 0}
         split_rows = load_tasks(split, suite="generated")
@@ -89,8 +90,11 @@ def main() -> int:
             shown = inspect_output(get_instance(row["instance_id"]))
             conv.add_observation(tpl.render("observation", output=ExecOutput(0, shown)))
             for t in sample(conv.full_ids() + enc.gen_prompt):
-                c["gold" if t == row["swarl_fix_command"] else "wrong" if t in row["swarl_wrong_commands"]
-                  else "other"] += 1
+                k = "gold" if t == row["swarl_fix_command"] else "wrong" if t in row["swarl_wrong_commands"] else "other"
+                c[k] += 1
+                if k == "other" and shown_other.get(split, 0) < 6:
+                    shown_other[split] = shown_other.get(split, 0) + 1
+                    print("  want", row["swarl_fix_command"], "\n  got ", t, flush=True)
         n = len(split_rows) * a.samples
         result[split] = {k: round(v / n, 3) for k, v in c.items()}
         print(split, result[split], flush=True)

@@ -8,13 +8,12 @@ issue names), edit the line the inspection printed in the file that defines the 
 family's plausible edits — the right one and the wrong ones alike — so the warm start teaches
 how to find and change the line, not which change fixes the symptom: that is what RL learns
 from the tests' verdict. Two sources (swarl demo --sft-on):
-- `train` (the demo's default): the train split, one demonstration per plausible edit of each
-  instance. The tiny model learns these instances' lines by heart (it does not copy numbers
-  from what it reads within this budget), so nothing of the procedure carries over to
-  held-out instances; what RL learns (the fix for a symptom) is measured on the train split.
-- `practice`: one demonstration (the family's edits in turn) on each of N new instances drawn
-  like the train split — the procedure without the instances RL trains on. On 2 cores the
-  tiny model did not learn to copy from it (docs/demo.md).
+- `practice` (the demo's default): one demonstration (the family's edits in turn) on each of N
+  new instances drawn like the train split — the procedure without the instances RL trains on
+  or is measured on. The tiny model learns to copy the function's number from the issue and
+  the line's from the inspection (digits are single tokens), also for numbers it never saw.
+- `train`: the train split, one demonstration per plausible edit of each instance. The model
+  learns these instances' lines by heart, which carries nothing over to held-out instances.
 Held-out instances get no demonstrations. The sequences are built with the actors' own
 token-exact conversation code, so they are exactly what the agent sees, observations included
 (the grep output is what GNU grep prints in the image; a Docker test checks it)."""

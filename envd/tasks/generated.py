@@ -36,11 +36,12 @@ GEN_SEED = 20261123
 SPLITS = ("train", "heldout", "heldout_family")
 COUNTS = {"train": 24, "heldout": 6, "heldout_family": 8}  # instances per family in each split
 
-# Identifiers are numbered (package lib_<a>, module part_<b>, functions fn_<c>): a tiny model
-# learns in minutes to copy a short number from what it reads, and did not learn to copy words or
-# paths within the warm start's budget (docs/demo.md). Function numbers are split: held-out
-# instances' buggy functions use numbers that occur nowhere in training (train split, practice
-# instances, any filler function), so what to type for them has to be read.
+# Identifiers are numbered (package lib_<a>, module part_<b>, functions fn_<c>): with digits as
+# single tokens the tiny model learns within its warm start to copy a number from what it reads;
+# (with an earlier tokenizer) it did not learn to copy words or paths (docs/demo.md).
+# Function numbers are split: held-out instances' buggy functions use numbers that occur nowhere
+# in training (train split, practice instances, any filler function), so what to type for them
+# has to be read.
 _FN_NUMBERS = list(range(10, 100))
 HELDOUT_FN_NUMBERS = frozenset(random.Random(GEN_SEED + 1).sample(_FN_NUMBERS, 40))
 TRAIN_FN_NUMBERS = tuple(n for n in _FN_NUMBERS if n not in HELDOUT_FN_NUMBERS)
