@@ -128,6 +128,7 @@ async def test_a_registry_that_is_down_is_an_infrastructure_failure_with_the_rea
         status = await client.status()
         assert status["leases"] == 0
         # an actor counts it as infrastructure (its job is retried), never as a -1
+        from actors.backends import PoolEnv
         from actors.config import ActorConfig
         from actors.episode import EpisodeJob
         from actors.leased import LeasedEpisodes
@@ -136,8 +137,9 @@ async def test_a_registry_that_is_down_is_an_infrastructure_failure_with_the_rea
         episodes = LeasedEpisodes(ActorConfig(), client, owner="t", tokenizer=None, traj_dir=None)
         job = EpisodeJob("j", {"instance_id": "t1", "image_name": image}, "g", 0)
         with pytest.raises(InfraError) as infra:
-            async with episodes._lease(job):
-                pass
+            # actor.lease_ahead: the allocation's error reaches the episode at its first command
+            async with episodes._lease(job) as alloc:
+                await PoolEnv(client, alloc, job.instance, "/testbed", {}).exec("true", 5)
         assert infra.value.reason == "image_pull_failed" and "connection refused" in infra.value.detail.lower()
     finally:
         await client.aclose()
