@@ -21,7 +21,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 # Qwen2/Qwen3's pre-tokenizer pattern: numbers are split into single digits (so a number is
-# spelled with tokens every text trains, whatever its value) and letters runs keep one leading
+# spelled with tokens every text trains, whatever its value) and runs of letters keep one leading
 # non-letter. With GPT-2's `\p{N}+` a number the corpus held was one token and any other was
 # cut into unrelated pieces, and the warm-started tiny model could not copy an unseen number.
 QWEN_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")

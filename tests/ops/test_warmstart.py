@@ -51,3 +51,30 @@ def test_no_demonstration_on_heldout_or_hand_written_rows(enc) -> None:
         demonstrations(load_tasks("heldout", suite="generated")[:1], tpl, enc)
     with pytest.raises(ValueError, match="generated instances"):
         demonstrations(load_tasks("train")[:1], tpl, enc)
+
+
+def test_the_loss_on_the_answers_only_is_the_models_own(enc, tiny_model_dir) -> None:
+    """The warm start computes logits only where the mask is set; its loss must be the model's
+    own masked cross-entropy (labels -100 elsewhere), and its gradient reach the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from swarl.warmstart import _masked_loss
+
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    seqs = demonstrations([(demo_row(i), i) for i in practice(3, seed=5)], tpl, enc)
+    width = max(len(ids) for ids, _ in seqs)
+    ids = torch.zeros((3, width), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for r, (x, m) in enumerate(seqs):
+        ids[r, : len(x)], attn[r, : len(x)] = torch.tensor(x), 1
+        labels[r, : len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ours = _masked_loss(model, ids, attn, labels)
+    theirs = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours, theirs)
+    g1 = torch.autograd.grad(ours, model.lm_head.weight)[0]
+    g2 = torch.autograd.grad(model(input_ids=ids, attention_mask=attn, labels=labels).loss,
+                             model.lm_head.weight)[0]
+    assert torch.allclose(g1, g2, atol=1e-6)
