@@ -61,7 +61,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=4, help="episodes per prompt (group)")
     p.add_argument("--actors", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=8, help="episodes per actor (slots = actors x this)")
-    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=6, help="scripted policy servers (the records use 6)")
     p.add_argument("--profile", default="{}", help="LatencyProfile JSON over the benchmark's defaults")
     p.add_argument("--no-scale", action="store_true", help="skip the run where actors are doubled")
     p.add_argument("--quick", action="store_true", help="a short version (tests): eta 0 and 2, batch 4")
@@ -73,7 +73,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", default=None, help="only report again from this run directory")
     o = p.parse_args(argv)
     if o.quick:
-        o.minutes, o.etas, o.batch, o.group, o.actors, o.concurrency = 1.0, "0,2", 4, 2, 2, 2
+        o.minutes, o.etas, o.batch, o.group, o.actors, o.concurrency, o.servers = 1.0, "0,2", 4, 2, 2, 2, 2
         o.no_scale = True
     o.eta_list = [int(x) for x in o.etas.split(",")]
     # Defaults: SWE-like heavy tail, episode sigma ~0.75 (p95 about 3.4x the median).
