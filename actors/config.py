@@ -115,10 +115,12 @@ class ActorConfig(Section):
     traj_dir: str | None = Field(default=None, description="Trajectory directory. Unset: "
                                  "<run.dir>/trajectories (the slime plug-in then writes none).")
     abandon_stale: bool = Field(
-        default=True, description="Stop an episode once the published policy version is more than "
-        "admission.max_staleness past its own: the learner could only drop its samples. It ends as one "
-        "masked sample (reason stale: its group completes, nothing is trained from it) and its slot "
-        "takes a fresh episode.")
+        default=True, description="Stop an episode once the learner can no longer train it: the "
+        "published policy version is more than admission.max_staleness past its own (reason stale), "
+        "or the learner closed its group without it (reason group_closed: trained at its last chance "
+        "without this straggler, or dropped; a member of such a group that has not started never "
+        "starts). It ends as one masked sample (its group completes, nothing is trained from it) and "
+        "its slot takes a fresh episode.")
     shutdown_grace_s: float = Field(default=30.0, description="On SIGTERM, how long running episodes may "
                                     "finish before they are cancelled and handed back to the queue.")
     prm: PrmConfig = Field(default_factory=PrmConfig)

@@ -8,7 +8,10 @@ An episode the learner can no longer train (the published version is more than m
 past its own: versions only rise, and the learner drops such samples) is stopped
 (actor.abandon_stale) rather than run to its end: with heavy-tailed episodes those are the
 longest, and the slot they would hold takes a fresh episode instead. It ends as one masked
-sample (reason "stale"), so its group is decided now and not at group_timeout_s."""
+sample (reason "stale"), so its group is decided now and not at group_timeout_s. So is an
+episode whose group the learner closed without it (trained at its last chance without its
+straggler, or dropped: broker.admission marks it), reason "group_closed", and a job of such a
+group that has not started yet never starts."""
 
 from __future__ import annotations
 
@@ -68,9 +71,12 @@ class Rollouts:
         # server id -> until when this actor does not pin it: it refused connections (killed?)
         # while its registry entry stays fresh for up to SERVER_TTL_S
         self.unreachable: dict[str, float] = {}
-        # the published version, read once a second by one task for all of this process's
-        # episodes (actor.abandon_stale); stopped by the event, not cancelled (see _keep_pin)
+        # the published version and which running episodes' groups the learner closed, read
+        # once a second by one task for all of this process's episodes (actor.abandon_stale);
+        # stopped by the event, not cancelled (see _keep_pin)
         self._current = 0
+        self._running_groups: Counter[str] = Counter()
+        self._closed_groups: set[str] = set()
         self._version_changed = asyncio.Event()
         self._version_poll: asyncio.Task[None] | None = None
         self._stop_polling = asyncio.Event()
@@ -85,11 +91,15 @@ class Rollouts:
         if self.rt.tokenizer:
             await self.episodes.encoder(None)
 
-    async def _admit(self, job: EpisodeJob) -> None:
-        # The learner's progress frees slots; the job's claim is renewed while we wait.
+    async def _admit(self, job: EpisodeJob) -> bool:
+        """True once admitted; False if the learner closed the job's group first (its samples
+        could only be dropped). The learner's progress frees slots; the job's claim is renewed
+        while we wait."""
         while True:
+            if self.a.abandon_stale and await self.admission.closed([job.group_id]):
+                return False
             if await self.admission.try_start(job.group_id, job.n_samples):
-                return
+                return True
             await asyncio.sleep(0.25)  # at max_staleness 0 this poll is on every version's path
 
     async def _pin(self, pin_id: str) -> Any:
@@ -147,8 +157,7 @@ class Rollouts:
         stop_renewing = asyncio.Event()
         self.running += 1
         try:
-            await self._admit(job)
-            admitted = True
+            admitted = await self._admit(job)
             server = await self._pin(pin_id)
             t_busy = time.monotonic()
             renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
@@ -165,11 +174,14 @@ class Rollouts:
                 with contextlib.suppress(Exception):
                     await self.servers.unpin(pinned.id, pin_id)
 
-            ep = await self._unless_stale(version, self.episodes.run(job, policy, version, meta={
-                "server": server.url, "server_id": server.id, "policy_version": version,
-                "job_try": job_try}, on_generated=let_go))
+            if not admitted:  # its group was closed before it started
+                return await self._abandoned(job, policy, version, t_busy, "group_closed")
+            ep, stopped = await self._unless_stale(version, job.group_id, self.episodes.run(
+                job, policy, version, on_generated=let_go, meta={
+                    "server": server.url, "server_id": server.id, "policy_version": version,
+                    "job_try": job_try}))
             if ep is None:
-                return await self._abandoned(job, policy, version, t_busy)
+                return await self._abandoned(job, policy, version, t_busy, stopped)
             await self.writer.add(ep.samples, done_job=job.job_id)
             trainable = not ep.masked
             self.totals["episodes"] += 1
@@ -213,61 +225,75 @@ class Rollouts:
             stop_renewing.set()
             await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not trainable))
 
-    async def _unless_stale(self, version: int, episode: Coroutine[Any, Any, T]) -> T | None:
-        """The episode's result, or None when it was stopped for going stale (see above)."""
+    async def _unless_stale(self, version: int, group_id: str,
+                            episode: Coroutine[Any, Any, T]) -> tuple[T | None, str]:
+        """(the episode's result, ""), or (None, why) when it was stopped because the learner
+        can no longer train it: "stale" or "group_closed" (see above)."""
         if not self.a.abandon_stale:
-            return await episode
+            return await episode, ""
         run = asyncio.ensure_future(episode)
-        watch = asyncio.create_task(self._outdated(version + self.rt.admission.max_staleness))
+        watch = asyncio.create_task(self._untrainable(version + self.rt.admission.max_staleness, group_id))
+        self._running_groups[group_id] += 1
         try:
             await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not run.done():
                 run.cancel()
                 try:
-                    return await run  # it ended while being stopped: kept
+                    return await run, ""  # it ended while being stopped: kept
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
                         raise  # this job is cancelled itself (shutdown), not stopped as stale
-                    return None
-            return run.result()
+                    return None, watch.result()
+            return run.result(), ""
         finally:
+            self._running_groups[group_id] -= 1
+            if self._running_groups[group_id] <= 0:
+                del self._running_groups[group_id]
+                self._closed_groups.discard(group_id)
             for t in (run, watch):
                 t.cancel()
             await asyncio.gather(run, watch, return_exceptions=True)  # lease, pin, trajectory
 
-    async def _outdated(self, last: int) -> int:
-        """Returns once the published version is past `last`. No Redis call here: this task is
-        cancelled when its episode ends, and redis-py can swallow a cancellation that lands
-        inside a command (see _keep_pin); one poller per process reads the version instead."""
+    async def _untrainable(self, last: int, group_id: str) -> str:
+        """Returns why once the learner can no longer train the episode: "stale" when the
+        published version is past `last`, "group_closed" when its group was closed. No Redis
+        call here: this task is cancelled when its episode ends, and redis-py can swallow a
+        cancellation that lands inside a command (see _keep_pin); one poller per process reads
+        for all episodes instead."""
         if self._version_poll is None:
             self._version_poll = asyncio.create_task(self._poll_version())
-        while self._current <= last:
+        while True:
+            if self._current > last:
+                return "stale"
+            if group_id in self._closed_groups:
+                return "group_closed"
             await self._version_changed.wait()
-        return self._current
 
     async def _poll_version(self) -> None:
         while not self._stop_polling.is_set():
             with contextlib.suppress(Exception):  # a Redis blip is waited out
                 current = await self.policies.current()
-                if current != self._current:
+                closed = await self.admission.closed(sorted(self._running_groups))
+                if current != self._current or not closed <= self._closed_groups:
                     self._current = current
+                    self._closed_groups |= closed
                     changed, self._version_changed = self._version_changed, asyncio.Event()
                     changed.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_polling.wait(), 1.0)
 
     async def _abandoned(self, job: EpisodeJob, policy: ServerPolicy, version: int,
-                         t_busy: float) -> dict[str, Any]:
+                         t_busy: float, why: str) -> dict[str, Any]:
         encoder = await self.episodes.encoder(policy)
-        samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, "stale",
+        samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, why,
                                   kind="abandoned")
         await self.writer.add(samples, done_job=job.job_id)
-        self.totals["episodes_abandoned_stale"] += 1
-        await self._stat("episodes_abandoned_stale", time.monotonic() - t_busy)
-        log.info("episode_abandoned_stale", job_id=job.job_id, version=version,
-                 current=self._current, max_staleness=self.rt.admission.max_staleness)
-        return {"masked": True, "reason": "stale", "version": version}
+        self.totals[f"episodes_abandoned_{why}"] += 1
+        await self._stat(f"episodes_abandoned_{why}", time.monotonic() - t_busy)
+        log.info("episode_abandoned", why=why, job_id=job.job_id, group_id=job.group_id,
+                 version=version, current=self._current, max_staleness=self.rt.admission.max_staleness)
+        return {"masked": True, "reason": why, "version": version}
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
                        policy: ServerPolicy | None, release: bool) -> None:

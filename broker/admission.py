@@ -13,7 +13,8 @@ racing for a job can both skip it), so admitting single episodes could fill a ve
 with the first members of five groups for a batch of four: at max_staleness 0 no group then
 completed and the learner waited forever. A group's reservation (one key per group, owned
 here) is handed back with `forfeit` when the learner closes the group before all its members
-started."""
+started; `forfeit` also marks the group closed, so that actors stop (or never start) the members
+whose samples the learner could only drop (`closed`)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ class Admission:
     if started < cap then redis.call('INCR', KEYS[1]); return 1 end
     return 0
     """
-    # KEYS: started, the group's reservation: the slots of members that never started go back
+    # KEYS: started, the group's reservation, its closed mark; ARGV: ttl. The slots of members
+    # that never started go back.
     _FORFEIT = """
+    redis.call('SET', KEYS[3], 1, 'EX', ARGV[1])
     local left = tonumber(redis.call('GET', KEYS[2]) or '0')
     if left <= 0 then return 0 end
     redis.call('SET', KEYS[2], 0, 'KEEPTTL')
@@ -102,10 +105,19 @@ class Admission:
             await self._release(keys=[self.keys.admission_started], args=[n])
 
     async def forfeit(self, group_id: str) -> int:
-        """The learner closed `group_id` before all its members started: the slots reserved for
-        them go back (a member that starts later takes a slot of its own). Returns how many."""
+        """The learner closed `group_id` before all its members arrived: it is marked closed, and
+        the slots reserved for members that never started go back. Returns how many."""
         return int(await self._forfeit(keys=[self.keys.admission_started,
-                                             self.keys.admission_group(group_id)]))
+                                             self.keys.admission_group(group_id),
+                                             self.keys.admission_closed(group_id)],
+                                       args=[GROUP_TTL_S]))
+
+    async def closed(self, group_ids: list[str]) -> set[str]:
+        """Which of `group_ids` the learner has closed (one MGET)."""
+        if not group_ids:
+            return set()
+        marks = await self.redis.mget([self.keys.admission_closed(g) for g in group_ids])
+        return {g for g, m in zip(group_ids, marks, strict=True) if m is not None}
 
     async def set_per_version(self, steps_per_version: int) -> None:
         """The learner: it trains batch_size x steps_per_version episodes per version."""

@@ -116,6 +116,11 @@ class Keys:
         (0: all taken; a member that runs again takes a slot of its own)."""
         return f"{self.base}:admission:group:{group_id}"
 
+    def admission_closed(self, group_id: str) -> str:
+        """"1" with TTL: the learner closed the group before all its members arrived (trained
+        without them, or dropped); a member still running or not started can only be dropped."""
+        return f"{self.base}:admission:closed:{group_id}"
+
     # -- stats --------------------------------------------------------------------------
     @property
     def stats(self) -> str:

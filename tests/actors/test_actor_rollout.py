@@ -151,6 +151,59 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         server.stop()
 
 
+async def test_a_member_of_a_group_the_learner_closed_is_stopped_or_never_starts(
+        redis_url, tiny_model_dir, pool_server, tmp_path, test_image) -> None:
+    """The learner trained (or dropped) a group without its straggler and marked it closed
+    (Admission.forfeit): the straggler still running (a 20 s command) is stopped within seconds,
+    and a member not started yet never starts. Each ends as one masked sample, the job done,
+    slot, pin and container given back; a member of another group runs on."""
+    from broker.admission import Admission
+
+    row = calc_row(test_image, 6, "sleep")
+    server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs", mode="sleep", sleep_s=20)
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key, **{"admission.max_staleness": 2}))
+    r = connect(redis_url)
+    reg = ServerRegistry(r, KEYS)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t")
+    straggler, other = payload(row, group=1, index=0, n=2), payload(row, group=2, index=0, n=2)
+    try:
+        tasks = [asyncio.create_task(ro.run(p)) for p in (straggler, other)]
+        while (await reg.list())[0].pins < 2:
+            assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+            await asyncio.sleep(0.05)
+        await Admission(r, KEYS, cfg.admission).forfeit(straggler["group_id"])
+        t0 = time.monotonic()
+        res = await asyncio.wait_for(tasks[0], 15)
+        assert time.monotonic() - t0 < 5, "not stopped: it ran its 20 s command"
+        assert res == {"masked": True, "reason": "group_closed", "version": 0}
+        assert not tasks[1].done()  # another group's member runs on
+        tasks[1].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[1]
+        # its sibling, not started yet, never starts: no admission slot, no container
+        late = await asyncio.wait_for(ro.run(payload(row, group=1, index=1, n=2)), 15)
+        assert late == {"masked": True, "reason": "group_closed", "version": 0}
+        samples = await _replay(r)
+        assert sorted(s.episode_id for s in samples) == sorted(
+            [straggler["job_id"], payload(row, group=1, index=1, n=2)["job_id"]])
+        assert all(s.masked and s.mask_reason == "abandoned:group_closed" and s.loss_mask.sum() == 0
+                   for s in samples)
+        for p in (straggler, payload(row, group=1, index=1, n=2)):
+            assert await r.sismember(KEYS.jobs_done, p["job_id"])
+        # each group's first member reserved 2 slots; group 1's forfeit handed back its unstarted
+        # sibling's, the straggler and group 2's cancelled member gave their own back, and the
+        # late sibling took none: what is left is the slot reserved for group 2's second member
+        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        assert (await reg.list())[0].pins == 0
+        assert (await ro.pool.status())["leases"] == 0
+        assert ro.totals["episodes_abandoned_group_closed"] == 2
+    finally:
+        await ro.aclose()
+        await r.aclose()
+        server.stop()
+
+
 @pytest.mark.timeout(60)  # the failure this guards against is a hang
 async def test_a_cancellation_lost_in_a_redis_call_does_not_hang_the_episodes_end(
         redis_url, tiny_model_dir, tmp_path) -> None:
@@ -179,7 +232,7 @@ async def test_a_cancellation_lost_in_a_redis_call_does_not_hang_the_episodes_en
     ro.policies.current = swallowing  # type: ignore[method-assign]
     try:
         for _ in range(3):
-            assert await asyncio.wait_for(ro._unless_stale(0, episode()), 5) == "done"
+            assert await asyncio.wait_for(ro._unless_stale(0, "g", episode()), 5) == ("done", "")
     finally:
         await asyncio.wait_for(ro.aclose(), 5)
         await r.aclose()

@@ -110,3 +110,14 @@ async def test_forfeit_hands_back_what_members_never_started_had_reserved(aredis
     assert await a.try_start("A", 4)  # a member of A that starts after all: one slot of its own
     assert not await a.try_start("C", 4)  # 7 + 4 > 8
     assert 0 < await aredis.ttl(keys.admission_group("A")) <= 24 * 3600
+
+
+async def test_forfeit_marks_the_group_closed_for_the_actors(aredis, keys):
+    """Actors stop (or never start) the members of a group the learner closed without them."""
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=8))
+    assert await a.try_start("A", 4) and await a.try_start("B", 4)
+    assert await a.closed(["A", "B", "C"]) == set() and await a.closed([]) == set()
+    await a.forfeit("A")
+    await a.forfeit("C")  # closed before any member started: marked all the same
+    assert await a.closed(["A", "B", "C"]) == {"A", "C"}
+    assert 0 < await aredis.ttl(keys.admission_closed("A")) <= 24 * 3600
