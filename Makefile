@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo demo-learning test long chaos images fuzz lint bench bench-async clean
+.PHONY: setup demo demo-learning test long chaos images fuzz lint bench bench-async bench-async-repeats clean
 
 setup:
 	@bash scripts/setup.sh
@@ -47,6 +47,11 @@ bench: setup
 # asynchronous vs synchronous on swarl itself (~45 min; ARGS="--minutes 3" to shorten)
 bench-async: setup
 	.venv/bin/python benchmarks/async_vs_sync.py $(ARGS)
+
+# max_staleness 0 against 2, three runs: the spread between runs and the mean with an interval
+# (~15 min a run; ARGS="--runs 5")
+bench-async-repeats: setup
+	.venv/bin/python benchmarks/async_vs_sync_repeats.py $(ARGS)
 
 clean:
 	rm -rf .swarl runs

@@ -257,6 +257,10 @@ class Bench:
             for a in actors:
                 a.stop(30)
             learner.stop(60)
+            # what the actors did with their episodes (finished, stopped stale, stopped because
+            # the learner closed their group): the work the bound cost
+            stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()
+                     if k.decode().startswith("episodes_")}
             await r.aclose()
         published = {v: t for v, t in published.items() if floor is not None and v > floor}
         lat: dict[str, float] = {}
@@ -270,8 +274,10 @@ class Bench:
                     lat[k] = lat.get(k, 0.0) + float(ep["delay_s"])
         for i in range(o.servers):
             self.procs.stop(f"{run_id}-server-{i}", 30)
-        return summarize(run_id, eta, self.dir / run_id / "metrics.jsonl", published, everywhere,
-                         busy, lat, o.batch, scaled_at, anywhere)
+        out = summarize(run_id, eta, self.dir / run_id / "metrics.jsonl", published, everywhere,
+                        busy, lat, o.batch, scaled_at, anywhere)
+        out["episodes"] = {k: int(v) for k, v in sorted(stats.items())}
+        return out
 
     def close(self) -> None:
         self.procs.stop_all(30)
@@ -325,8 +331,13 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
     if len(inside) >= 2:
         slot_s = sum((b2[0] - b1[0]) * b1[2] for b1, b2 in itertools.pairwise(inside))
         out["actor_idle"] = max(0.0, 1 - (inside[-1][1] - inside[0][1]) / max(1e-9, slot_s))
+        # where a slot's time goes: per trained episode, the seconds a slot was busy (admission,
+        # pin, lease, the episode, grading, writing) against the episode's own wall time
+        episodes = sum(int(x["episodes"]) for x in later)
+        out["slot_s_per_episode"] = (inside[-1][1] - inside[0][1]) / max(1, episodes)
     else:
         out["actor_idle"] = float("nan")
+    out["episode_times"] = episode_times(metrics_path)
     stale: dict[int, int] = {}
     for x in rows:
         for k, v in x.items():
@@ -461,9 +472,19 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         summary[f"actor_idle_{tag}"] = round(r["actor_idle"], 3)
         summary[f"max_staleness_seen_{tag}"] = r["max_staleness_seen"]
         summary[f"stale_dropped_{tag}"] = int(r.get("dropped", {}).get("dropped/stale", 0))
+        summary[f"late_dropped_{tag}"] = int(r.get("dropped", {}).get("dropped/late", 0))  # group trained
         summary[f"first_server_s_{tag}"] = round(r.get("first_s", float("nan")), 1)
         summary[f"every_server_s_{tag}"] = round(r["sync_s"], 1)
         summary[f"staleness_bound_kept_{tag}"] = r["max_staleness_seen"] <= e
+        times = r.get("episode_times") or {}
+        if times:
+            summary[f"episode_wall_s_{tag}"] = round(times["wall_mean_s"], 2)
+        if "slot_s_per_episode" in r:
+            summary[f"slot_s_per_episode_{tag}"] = round(r["slot_s_per_episode"], 2)
+        for k, v in (r.get("episodes") or {}).items():
+            summary[f"{k}_{tag}"] = v
+        if r["durations"]:
+            summary[f"delay_mean_s_{tag}"] = round(sum(r["durations"]) / len(r["durations"]), 2)
     if "speedup_eta2" in summary:
         summary["speedup_eta2_vs_ideal"] = round(summary["speedup_eta2"] / ideal, 3)
     if sync_times:
@@ -490,9 +511,24 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
             f"{sync_times['env_s']:.1f} s, grading in a fresh container {sync_times['eval_s']:.1f} s) and "
             f"the slowest of each batch {sync_times['wall_max_s']:.1f} s: the ideal speedup of the episodes "
             f"as they ran is {sync_times['wall_max_s'] / sync_times['wall_mean_s']:.2f}.")
+    # where a slot's time goes, per setting: the drawn delay is all the ideal knows of
+    time_headers = ["setting", "drawn delay s", "model s", "commands s", "grading s", "episode wall s",
+                    "slot s per episode"]
+    time_table = []
+    for r in results:
+        t = r.get("episode_times") or {}
+        if not t:
+            continue
+        d = r["durations"]
+        time_table.append([r["run"].removeprefix("bench-"), round(sum(d) / len(d), 2) if d else "",
+                           round(t["model_s"], 2), round(t["env_s"], 2), round(t["eval_s"], 2),
+                           round(t["wall_mean_s"], 2), round(r.get("slot_s_per_episode", float("nan")), 2)])
+    tables = markdown_table(headers, table)
+    if time_table:
+        tables += "\n\nWhere a slot's time goes (means per episode):\n\n" + markdown_table(time_headers, time_table)
     if not o.no_record:
-        record("async_vs_sync", markdown_table(headers, table), summary, notes)
-    print(markdown_table(headers, table))
+        record("async_vs_sync", tables, summary, notes)
+    print(tables)
     print(notes)
     return summary
 
