@@ -259,9 +259,11 @@ class Bench:
             learner.stop(60)
             # what the actors did with their episodes (finished, stopped stale, stopped because
             # the learner closed their group): the work the bound cost
-            stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()
-                     if k.decode().startswith("episodes_")}
-            await r.aclose()
+            try:
+                stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()
+                         if k.decode().startswith("episodes_")}
+            finally:
+                await r.aclose()
         published = {v: t for v, t in published.items() if floor is not None and v > floor}
         lat: dict[str, float] = {}
         import httpx
@@ -331,8 +333,9 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
     if len(inside) >= 2:
         slot_s = sum((b2[0] - b1[0]) * b1[2] for b1, b2 in itertools.pairwise(inside))
         out["actor_idle"] = max(0.0, 1 - (inside[-1][1] - inside[0][1]) / max(1e-9, slot_s))
-        # where a slot's time goes: per trained episode, the seconds a slot was busy (admission,
-        # pin, lease, the episode, grading, writing) against the episode's own wall time
+        # where a slot's time goes: per trained episode, the seconds slots were busy from a pin
+        # on (the lease, the episode, grading, writing; also episodes stopped or dropped),
+        # against the trained episodes' own wall time
         episodes = sum(int(x["episodes"]) for x in later)
         out["slot_s_per_episode"] = (inside[-1][1] - inside[0][1]) / max(1, episodes)
     else:
