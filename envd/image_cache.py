@@ -200,14 +200,15 @@ class ImageCache:
                         raise PullFailed(f"pull of {image} from {ref} did not finish within "
                                          f"{self.cfg.pull_timeout_s:g}s") from None
                     await self._thread(self._tag_as, image, ref)
+                    # logged while the slot is held: a pull waiting for it starts (and logs) after
+                    seconds = time.monotonic() - t0
+                    log.info("pull_done", image=image, reference=ref, seconds=round(seconds, 2),
+                             mb=round(nbytes / 1e6, 1))
                 finally:
                     self.metrics.pulls_running.dec()
             await self.index.arrived(image)
             result = "ok"
-            seconds = time.monotonic() - t0
             self.metrics.pull_seconds.observe(seconds)
-            log.info("pull_done", image=image, reference=ref, seconds=round(seconds, 2),
-                     mb=round(nbytes / 1e6, 1))
             if self.cfg.image_budget:
                 gc = asyncio.create_task(self._gc_once(), name="envd-image-gc-after-pull")
                 self._gc_runs.add(gc)
