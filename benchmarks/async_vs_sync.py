@@ -228,7 +228,15 @@ class Bench:
         scaled_at = None
         floor: int | None = None
         try:
-            while time.time() - t0 < budget:
+            def more() -> bool:
+                # a rate needs two steps in the window (three in all): a short budget whose
+                # synchronous batches drew long tails runs on for them, up to 3 budgets
+                elapsed = time.time() - t0
+                if elapsed < budget:
+                    return True
+                return elapsed < 3 * budget and len(read_metrics(self.dir / run_id / "metrics.jsonl")) < 3
+
+            while more():
                 for p in [learner, *actors]:
                     if not p.alive():
                         raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
