@@ -30,7 +30,9 @@ class WeightSyncConfig(Section):
         4096.0, gt=0, description="Disk: largest safetensors shard (MiB); bigger models get an index file."
     )
     max_updating: int = Field(
-        1, ge=1, description="Servers drained and updated at the same time; the rest keep serving."
+        1, ge=1, description="Servers loading a version at the same time, and servers still "
+        "taking new pins drained at the same time; the rest keep serving. A server behind a newer "
+        "ready one takes no new pins: it drains at once, without counting here.",
     )
     min_ready: int = Field(
         1, ge=0, description="Ready servers kept taking pins during a rollout: a server is drained "

@@ -4,8 +4,15 @@ at a time, so rollout never stops as a whole and no pinned episode sees its vers
 Per server: draining (the pin script skips it) → wait until its pins reach 0 (or
 drain_timeout_s: "wait" longer, or "proceed" and count the episodes that change version) →
 updating → load the version through a transport → /get_weight_version must equal the target →
-ready at the target. At most max_updating servers are under way at once, and a serving server is
-drained only while min_ready others stay ready.
+ready at the target. At most max_updating servers load at once. Draining a server that still takes
+new pins (one at the newest version any ready server has) costs rollout capacity: at most
+max_updating of those are under way at once, and only while min_ready others stay ready. A server
+behind a ready one takes no new pins (the pin script prefers the newest version), so draining it
+costs nothing and is not limited: every such server drains at once and loads as soon as it is
+empty. Otherwise one straggler pinned on a server behind held every other update back (with
+max_updating 1 the newest version reached its first server 5-13 s after publication at
+max_staleness 2, and every episode pinned meanwhile started a version behind). Of the servers that
+cost capacity, the fewest pins go first: their drain is the shortest.
 
 Which transport (weight_sync/transports/): a ready server behind the version held in memory gets
 it over its distributed group; every other server (one that registers or restarts, one whose
@@ -99,6 +106,8 @@ class Coordinator:
         self.distributed = (DistributedTransport(cfg, keys.run) if cfg.transport == "distributed"
                             else None)
         self.in_flight: dict[str, int | None] = {}  # server id -> target (None: draining)
+        self.costly: set[str] = set()  # in flight while taking pins would have cost capacity
+        self._loads = asyncio.Semaphore(cfg.max_updating)
         self.tasks: set[asyncio.Task[None]] = set()
         self.failed_at: dict[tuple[str, int], float] = {}  # (server, version) -> time of failure
         self.attempted: dict[str, int] = {}       # server -> newest version tried (ok or not)
@@ -196,12 +205,10 @@ class Coordinator:
         await self._retain(servers)
         self._release_delivered(servers, current)
         ready = [s for s in servers if s.state == "ready"]
-        # the furthest behind first, then the fewest pins: its drain is the shortest, and the
-        # server that took the newest episodes keeps serving them (heavy-tailed episodes would
-        # otherwise hold the newest version back from every new pin)
-        for s in sorted(servers, key=lambda s: (s.version if s.version is not None else -1, s.pins)):
-            if len(self.in_flight) >= self.cfg.max_updating:
-                break
+        # the newest version a ready server offers new pins (see the module doc)
+        top = max((_version(r) for r in ready if r.id not in self.in_flight), default=-1)
+        # the fewest pins first (the shortest drain), then the furthest behind
+        for s in sorted(servers, key=lambda s: (s.pins, _version(s))):
             if s.id in self.in_flight:
                 continue
             plan = self._plan(s, current)
@@ -209,11 +216,16 @@ class Coordinator:
                 continue
             transport, target = plan
             serving = s.state == "ready"
-            if serving and self.in_flight:
-                # Keep min_ready servers taking pins (a lone server still gets updated).
-                others = [r for r in ready if r.id != s.id and r.id not in self.in_flight]
-                if len(others) < self.cfg.min_ready:
+            costly = serving and _version(s) >= top
+            if costly:
+                if len(self.costly) >= self.cfg.max_updating:
                     continue
+                if self.in_flight:
+                    # Keep min_ready servers taking pins (a lone server still gets updated).
+                    others = [r for r in ready if r.id != s.id and r.id not in self.in_flight]
+                    if len(others) < self.cfg.min_ready:
+                        continue
+                self.costly.add(s.id)
             self.in_flight[s.id] = None if serving else target
             task = asyncio.create_task(self._update(s, transport, target, serving))
             self.tasks.add(task)
@@ -288,16 +300,18 @@ class Coordinator:
             if serving:
                 await self.servers.set_state(s.id, "draining", version=s.version, lease_s=self.cfg.lease_s)
                 result.drain_s, result.pins_at_update = await self._drain(s.id)
-            # Draining can take long: load whatever is newest now, not what was newest then.
-            newest = await transport.newest()
-            if newest is not None and newest > target:
-                with contextlib.suppress(VersionRefused):
-                    payload, target = await self._prepare(transport, newest), newest
-            result.version = target
-            self.in_flight[s.id] = target  # from now on this version is in use
-            await self.servers.set_state(s.id, "updating", version=s.version, lease_s=self.cfg.lease_s)
-            async with asyncio.timeout(self.cfg.update_timeout_s):
-                result.bytes = await transport.load(s, client, target, payload)
+            async with self._loads:  # at most max_updating loads at once
+                # Draining can take long: load whatever is newest now, not what was newest then.
+                newest = await transport.newest()
+                if newest is not None and newest > target:
+                    with contextlib.suppress(VersionRefused):
+                        payload, target = await self._prepare(transport, newest), newest
+                result.version = target
+                self.in_flight[s.id] = target  # from now on this version is in use
+                await self.servers.set_state(s.id, "updating", version=s.version,
+                                             lease_s=self.cfg.lease_s)
+                async with asyncio.timeout(self.cfg.update_timeout_s):
+                    result.bytes = await transport.load(s, client, target, payload)
             got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
             if transport.sets_version and str(got) != str(target):
                 raise RuntimeError(f"server reports weight_version {got!r} after the update, "
@@ -331,6 +345,7 @@ class Coordinator:
                 await asyncio.shield(lease)
             self.attempted[s.id] = max(self.attempted.get(s.id, -1), target)
             self.in_flight.pop(s.id, None)
+            self.costly.discard(s.id)
             result.duration_s = round(time.monotonic() - t0, 4)
             if touched:  # a refused version touched no server: logged by _prepare
                 self.history.append(result)
@@ -440,3 +455,7 @@ class Coordinator:
             self.disk.drop(v)
             self.metrics["versions_deleted"] += 1
             log.info("checkpoint_deleted", version=v)
+
+
+def _version(s: ServerInfo) -> int:
+    return s.version if s.version is not None else -1
