@@ -41,6 +41,8 @@ GOAL = 0.9  # issue #13: speedup_eta2 at least 0.9 of the profile's ideal
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="two-setting runs to make")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the latency seed of the first run (run i: first_seed + i)")
     p.add_argument("--from", dest="dirs", nargs="+", default=[], metavar="RUN_DIR",
                    help="report from these finished async_vs_sync run directories instead")
     p.add_argument("--out", default=None, help="parent of the run directories (default runs/)")
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         parent = Path(o.out or REPO / "runs").resolve() / f"async-vs-sync-repeats-{stamp}"
         for i in range(o.runs):
             t0 = time.monotonic()
-            s = run_once(o, parent / f"run-{i}", seed=i)
+            s = run_once(o, parent / f"run-{i}", seed=o.first_seed + i)
             runs.append((f"run-{i}", s))
             print(f"run {i + 1}/{o.runs}: speedup_eta2 {s['speedup_eta2']} of ideal {s['ideal_speedup']} "
                   f"= {s['speedup_eta2_vs_ideal']} ({(time.monotonic() - t0) / 60:.1f} min)",
