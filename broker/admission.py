@@ -18,6 +18,8 @@ whose samples the learner could only drop (`closed`)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import redis.asyncio as aioredis
 
 from broker.config import AdmissionConfig
@@ -27,30 +29,42 @@ from broker.keys import Keys
 GROUP_TTL_S = 24 * 3600
 
 
+# KEYS[last] is the group's closed mark, checked first when ARGV[1] is '1' (a closed group's
+# members never start: their samples could only be dropped); -1 then. Same call as the slot, so
+# a waiting actor polls once, and no slot is taken after the group closed.
+_UNLESS_CLOSED = """
+if ARGV[1] == '1' and redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end
+"""
+Admitted = Literal["started", "wait", "closed"]
+_OUTCOME: dict[int, Admitted] = {1: "started", 0: "wait", -1: "closed"}
+
+
 class Admission:
-    _TRY = """
+    # KEYS: started, current, per_version, closed mark; ARGV: unless_closed, max_staleness, batch_size
+    _TRY = _UNLESS_CLOSED + """
     local v = tonumber(redis.call('GET', KEYS[2]) or '0')
     local started = tonumber(redis.call('GET', KEYS[1]) or '0')
-    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[2])
-    local cap = (tonumber(ARGV[1]) + v + 1) * per
-    if started < cap then redis.call('INCR', KEYS[1]); return {1, started + 1, cap} end
-    return {0, started, cap}
+    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[3])
+    local cap = (tonumber(ARGV[2]) + v + 1) * per
+    if started < cap then redis.call('INCR', KEYS[1]); return 1 end
+    return 0
     """
-    # KEYS: started, current, per_version, the group's reservation; ARGV: max_staleness,
-    # batch_size, group size, ttl. A reservation of 0 (used up) means a member runs again
-    # (a retry after it gave its slot back): it takes one slot like a single episode.
-    _TRY_GROUP = """
+    # KEYS: started, current, per_version, the group's reservation, its closed mark; ARGV:
+    # unless_closed, max_staleness, batch_size, group size, ttl. A reservation of 0 (used up)
+    # means a member runs again (a retry after it gave its slot back): it takes one slot like a
+    # single episode.
+    _TRY_GROUP = _UNLESS_CLOSED + """
     local left = tonumber(redis.call('GET', KEYS[4]) or '-1')
     if left > 0 then redis.call('DECR', KEYS[4]); return 1 end
     local v = tonumber(redis.call('GET', KEYS[2]) or '0')
     local started = tonumber(redis.call('GET', KEYS[1]) or '0')
-    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[2])
-    local cap = (tonumber(ARGV[1]) + v + 1) * per
-    local g = tonumber(ARGV[3])
+    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[3])
+    local cap = (tonumber(ARGV[2]) + v + 1) * per
+    local g = tonumber(ARGV[4])
     if left < 0 then
       if started + math.min(g, per) > cap then return 0 end
       redis.call('INCRBY', KEYS[1], g)
-      redis.call('SET', KEYS[4], g - 1, 'EX', ARGV[4])
+      redis.call('SET', KEYS[4], g - 1, 'EX', ARGV[5])
       return 1
     end
     if started < cap then redis.call('INCR', KEYS[1]); return 1 end
@@ -84,19 +98,29 @@ class Admission:
 
     async def try_start(self, group_id: str | None = None, group_size: int = 1) -> bool:
         """Take a slot for one rollout; with `group_id` and `group_size` > 1, by group (see above)."""
+        return await self.admit(group_id, group_size) == "started"
+
+    async def admit(self, group_id: str | None = None, group_size: int = 1,
+                    unless_closed: bool = False) -> Admitted:
+        """try_start in one call that also answers "closed" (no slot taken) when `unless_closed`
+        and the learner has closed `group_id`; "wait": no slot free yet."""
+        closed = self.keys.admission_closed(group_id or "")
         if not self.cfg.enabled:
+            if unless_closed and group_id is not None and await self.redis.exists(closed):
+                return "closed"
             await self.redis.incr(self.keys.admission_started)
-            return True
+            return "started"
+        flag = "1" if unless_closed and group_id is not None else "0"
         if group_id is not None and group_size > 1:
-            ok = await self._try_group(
+            got = await self._try_group(
                 keys=[self.keys.admission_started, self.keys.policy_current,
-                      self.keys.admission_per_version, self.keys.admission_group(group_id)],
-                args=[self.cfg.max_staleness, self.cfg.batch_size, group_size, GROUP_TTL_S])
-            return bool(ok)
-        ok, _, _ = await self._try(keys=[self.keys.admission_started, self.keys.policy_current,
-                                         self.keys.admission_per_version],
-                                   args=[self.cfg.max_staleness, self.cfg.batch_size])
-        return bool(ok)
+                      self.keys.admission_per_version, self.keys.admission_group(group_id), closed],
+                args=[flag, self.cfg.max_staleness, self.cfg.batch_size, group_size, GROUP_TTL_S])
+        else:
+            got = await self._try(keys=[self.keys.admission_started, self.keys.policy_current,
+                                        self.keys.admission_per_version, closed],
+                                  args=[flag, self.cfg.max_staleness, self.cfg.batch_size])
+        return _OUTCOME[int(got)]
 
     async def release(self, n: int = 1) -> None:
         """Give `n` slots back: rollouts that ended without trainable samples (the actor), or

@@ -121,3 +121,24 @@ async def test_forfeit_marks_the_group_closed_for_the_actors(aredis, keys):
     await a.forfeit("C")  # closed before any member started: marked all the same
     assert await a.closed(["A", "B", "C"]) == {"A", "C"}
     assert 0 < await aredis.ttl(keys.admission_closed("A")) <= 24 * 3600
+
+
+async def test_admit_answers_closed_in_the_same_call_and_takes_no_slot(aredis, keys):
+    """An actor waiting for admission polls once per round: the slot, or "closed" (its group was
+    closed meanwhile: it never starts), or "wait"."""
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=4))
+    assert await a.admit("A", 4, unless_closed=True) == "started"
+    assert await a.admit("B", 4, unless_closed=True) == "wait"  # A's reservation fills the batch
+    await a.forfeit("A")  # three of A's slots go back; A is closed
+    assert await a.admit("A", 4, unless_closed=True) == "closed"
+    assert (await a.capacity())["started"] == 1  # "closed" took nothing
+    assert await a.admit("A", 4) == "started"  # without unless_closed the mark is not looked at
+    await a.forfeit("C")
+    assert await a.admit("C", 1, unless_closed=True) == "closed"  # single episodes too
+    assert await a.admit("D", 1, unless_closed=True) == "started"
+    assert await a.admit(None, unless_closed=True) == "started"  # no group: nothing to be closed
+    assert (await a.capacity())["started"] == 4
+    assert await a.admit("E", 1, unless_closed=True) == "wait"
+    off = Admission(aredis, keys, AdmissionConfig(enabled=False))
+    assert await off.admit("C", 1, unless_closed=True) == "closed"
+    assert await off.admit("E", 1, unless_closed=True) == "started"
