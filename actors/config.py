@@ -60,7 +60,14 @@ class PrmConfig(Section):
 
 
 class ActorConfig(Section):
-    concurrency: int = Field(default=4, ge=1, description="Episodes one actor process runs at once.")
+    concurrency: int = Field(default=4, ge=1, description="Episodes one actor process generates at "
+                             "once (its slots: admission, a pinned server, the agent's turns).")
+    grading_concurrency: int = Field(
+        default=2, ge=0, description="Episodes past their last turn (grading the patch in a fresh "
+        "container, writing samples) one actor runs on top of `concurrency`. An episode gives its "
+        "slot to the next one once its last turn is generated, so grading overlaps generation; "
+        "when this many are grading, the next finished episode keeps its slot until one is done. "
+        "0: a slot is held until the samples are written.")
     prompts: str | None = Field(
         default=None, description="YAML file of Jinja2 templates (system, instance, observation, "
         "format_error, ...). Unset: configs/prompts/swebench.yaml (THOUGHT + one bash block per "

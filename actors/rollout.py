@@ -1,8 +1,9 @@
-"""One rollout job against the real services: admission → pin → leased episode → samples →
-replay stream. The pin is let go once the policy's last turn is generated (grading needs no
-server, and a draining server waits for its pins), and again in a `finally` shielded from
-cancellation with (when nothing trainable was produced) the admission slot; the lease and the
-trajectory are the leased episode's.
+"""One rollout job against the real services: generation slot → admission → pin → leased
+episode → samples → replay stream. The pin and the generation slot are let go once the policy's
+last turn is generated: grading needs no server (and a draining server waits for its pins), and
+the next episode generates while this one grades (actor.grading_concurrency bounds how many grade
+at once); both again in a `finally` shielded from cancellation with (when nothing trainable was
+produced) the admission slot; the lease and the trajectory are the leased episode's.
 
 An episode the learner can no longer train (the published version is more than max_staleness
 past its own: versions only rise, and the learner drops such samples) is stopped
@@ -21,7 +22,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from actors.backends import ServerPolicy
@@ -40,7 +41,8 @@ T = TypeVar("T")
 class Rollouts:
     """Everything one actor process shares between its concurrent episodes."""
 
-    def __init__(self, rt: ActorRuntime, redis: Any, actor_id: str | None = None) -> None:
+    def __init__(self, rt: ActorRuntime, redis: Any, actor_id: str | None = None,
+                 slots: int | None = None) -> None:
         from broker.admission import Admission
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.replay import ReplayWriter
@@ -67,6 +69,11 @@ class Rollouts:
                                        traj_dir=rt.traj_dir, hacks_only=not self.a.save_trajectories,
                                        judge=self.judge)
         self.running = 0
+        # episodes generating at once (actor.concurrency, or the CLI's); arq runs up to
+        # actor.grading_concurrency more jobs, which wait here or grade past their last turn
+        self.slots = slots or self.a.concurrency
+        self._generating = asyncio.Semaphore(self.slots)
+        self.unfreed = 0  # jobs in run() that have not given their slot back (or wait for one)
         self.totals: Counter[str] = Counter()
         # server id -> until when this actor does not pin it: it refused connections (killed?)
         # while its registry entry stays fresh for up to SERVER_TTL_S
@@ -96,10 +103,10 @@ class Rollouts:
         could only be dropped). The learner's progress frees slots; the job's claim is renewed
         while we wait."""
         while True:
-            if self.a.abandon_stale and await self.admission.closed([job.group_id]):
-                return False
-            if await self.admission.try_start(job.group_id, job.n_samples):
-                return True
+            got = await self.admission.admit(job.group_id, job.n_samples,
+                                             unless_closed=self.a.abandon_stale)
+            if got != "wait":
+                return got == "started"
             await asyncio.sleep(0.25)  # at max_staleness 0 this poll is on every version's path
 
     async def _pin(self, pin_id: str) -> Any:
@@ -155,8 +162,11 @@ class Rollouts:
         t_busy = 0.0
         renew: asyncio.Task[None] | None = None
         stop_renewing = asyncio.Event()
+        slot = _Slot(self._generating, on_free=self._slot_freed)
         self.running += 1
+        self.unfreed += 1
         try:
+            await slot.take()
             admitted = await self._admit(job)
             server = await self._pin(pin_id)
             t_busy = time.monotonic()
@@ -173,22 +183,23 @@ class Rollouts:
                     await renew
                 with contextlib.suppress(Exception):
                     await self.servers.unpin(pinned.id, pin_id)
+                slot.give()  # the next episode generates while this one grades
 
             if not admitted:  # its group was closed before it started
-                return await self._abandoned(job, policy, version, t_busy, "group_closed")
+                return await self._abandoned(job, policy, version, slot.busy_s(t_busy), "group_closed")
             ep, stopped = await self._unless_stale(version, job.group_id, self.episodes.run(
                 job, policy, version, on_generated=let_go, meta={
                     "server": server.url, "server_id": server.id, "policy_version": version,
                     "job_try": job_try}))
             if ep is None:
-                return await self._abandoned(job, policy, version, t_busy, stopped)
+                return await self._abandoned(job, policy, version, slot.busy_s(t_busy), stopped)
             await self.writer.add(ep.samples, done_job=job.job_id)
             trainable = not ep.masked
             self.totals["episodes"] += 1
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
             await self._stat("episodes_" + ("resolved" if ep.resolved else "unresolved"),
-                             time.monotonic() - t_busy)
+                             slot.busy_s(t_busy))
             if ep.metrics.get("reward_hack_attempts"):
                 await self._stat("reward_hack_attempts")
                 log.warning("reward_hack_attempt", job_id=job.job_id, traj_dir=str(ep.traj_dir),
@@ -216,14 +227,24 @@ class Rollouts:
             samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, e.reason)
             await self.writer.add(samples, done_job=job.job_id)
             self.totals["episodes_masked_infra"] += 1
-            await self._stat("episodes_masked_infra", time.monotonic() - t_busy if t_busy else 0.0)
+            await self._stat("episodes_masked_infra", slot.busy_s(t_busy))
             log.warning("episode_masked_after_infra_failures", job_id=job.job_id,
                         reason=e.reason, tries=job_try)
             return {"masked": True, "reason": e.reason}
         finally:
             self.running -= 1
+            slot.give()
             stop_renewing.set()
             await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not trainable))
+
+    def _slot_freed(self) -> None:
+        self.unfreed -= 1
+
+    def room(self, jobs: int) -> int:
+        """How many more jobs this actor may take now: its free generation slots, `jobs` being
+        all the jobs it runs (arq's count; those past their last turn hold no slot)."""
+        past_last_turn = self.running - self.unfreed
+        return self.slots - (jobs - past_last_turn)
 
     async def _unless_stale(self, version: int, group_id: str,
                             episode: Coroutine[Any, Any, T]) -> tuple[T | None, str]:
@@ -284,13 +305,13 @@ class Rollouts:
                 await asyncio.wait_for(self._stop_polling.wait(), 1.0)
 
     async def _abandoned(self, job: EpisodeJob, policy: ServerPolicy, version: int,
-                         t_busy: float, why: str) -> dict[str, Any]:
+                         busy_s: float, why: str) -> dict[str, Any]:
         encoder = await self.episodes.encoder(policy)
         samples = failure_samples(encoder, self.episodes.templates, self.a, job, version, why,
                                   kind="abandoned")
         await self.writer.add(samples, done_job=job.job_id)
         self.totals[f"episodes_abandoned_{why}"] += 1
-        await self._stat(f"episodes_abandoned_{why}", time.monotonic() - t_busy)
+        await self._stat(f"episodes_abandoned_{why}", busy_s)
         log.info("episode_abandoned", why=why, job_id=job.job_id, group_id=job.group_id,
                  version=version, current=self._current, max_staleness=self.rt.admission.max_staleness)
         return {"masked": True, "reason": why, "version": version}
@@ -314,8 +335,8 @@ class Rollouts:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hincrby(self.keys.stats, name, 1)  # samples_written is counted by the writer
         if busy_s:
-            # seconds an actor slot spent on episodes (pinned until samples written): with
-            # the slots' wall time this gives the actors' idle fraction
+            # seconds a generation slot spent on an episode (from its pin to its last turn, or
+            # its end): with the slots' wall time this gives the actors' idle fraction
             pipe.hincrbyfloat(self.keys.stats, "rollout_busy_s", round(busy_s, 3))
         with contextlib.suppress(Exception):
             await pipe.execute()
@@ -328,3 +349,32 @@ class Rollouts:
         await self.pool.aclose()
         if self.judge is not None:
             await self.judge.aclose()
+
+
+class _Slot:
+    """One of an actor's generation slots: taken before admission, given back at the episode's
+    last turn (grading needs none) or at its end, whichever comes first (`on_free` then, once,
+    also for a job cancelled while it waited for the slot)."""
+
+    def __init__(self, sem: asyncio.Semaphore, on_free: Callable[[], None]) -> None:
+        self.sem, self.on_free, self.held = sem, on_free, False
+        self.freed_at: float | None = None
+
+    async def take(self) -> None:
+        await self.sem.acquire()
+        self.held = True
+
+    def give(self) -> None:
+        if self.freed_at is not None:
+            return
+        self.freed_at = time.monotonic()
+        self.on_free()
+        if self.held:
+            self.held = False
+            self.sem.release()
+
+    def busy_s(self, since: float) -> float:
+        """Seconds the slot has worked on the episode since `since` (0: it never got that far)."""
+        if not since:
+            return 0.0
+        return max(0.0, (self.freed_at or time.monotonic()) - since)

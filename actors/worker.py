@@ -1,4 +1,5 @@
-"""`swarl actor`: an arq worker running K episodes at once, registered in the actor registry.
+"""`swarl actor`: an arq worker generating K episodes at once (actor.concurrency) while up to
+actor.grading_concurrency more grade their patches, registered in the actor registry.
 
 SIGTERM: arq stops taking jobs, lets running episodes finish for actor.shutdown_grace_s, then
 cancels the rest — a cancelled job goes back to the queue, and each episode's `finally` closes
@@ -38,13 +39,14 @@ def build_settings(rt: ActorRuntime, concurrency: int) -> type:
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         r = connect(redis_url, rt.redis)
-        ro = Rollouts(rt, r)
+        ro = Rollouts(rt, r, slots=concurrency)
         await ro.warm_up()
         reg = ActorRegistry(r, keys)
         await reg.register(ro.actor_id, socket.gethostname(), os.getpid(), concurrency)
         ctx.update(actor_redis=r, rollouts=ro, actor_registry=reg)
         ctx["actor_beat"] = asyncio.create_task(beat(ctx))
-        log.info("actor_started", actor_id=ro.actor_id, concurrency=concurrency, run=keys.run)
+        log.info("actor_started", actor_id=ro.actor_id, concurrency=concurrency,
+                 grading_concurrency=rt.actor.grading_concurrency, run=keys.run)
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         if (t := ctx.get("actor_beat")) is not None:
@@ -61,8 +63,11 @@ def build_settings(rt: ActorRuntime, concurrency: int) -> type:
     async def rollout(ctx: dict[str, Any], payload: dict[str, Any]) -> Any:
         return await ctx["rollouts"].run(payload, int(ctx.get("job_try", 1)))
 
+    # arq's jobs: the generating ones (Rollouts' slots; run_actor takes a job only into a free
+    # one) and those grading past their last turn
     return worker_settings(rt.queue, keys, redis_url, rollout, on_startup=on_startup,
-                           on_shutdown=on_shutdown, max_jobs=concurrency, redis_cfg=rt.redis)
+                           on_shutdown=on_shutdown, max_jobs=concurrency + rt.actor.grading_concurrency,
+                           redis_cfg=rt.redis)
 
 
 async def run_actor(rt: ActorRuntime, concurrency: int) -> None:
@@ -77,7 +82,13 @@ async def run_actor(rt: ActorRuntime, concurrency: int) -> None:
         if h not in arq_log.handlers:
             arq_log.addHandler(h)
     settings = build_settings(rt, concurrency)
-    worker = create_worker(settings, job_completion_wait=max(0, int(rt.actor.shutdown_grace_s)))
+
+    def room(w: Any) -> int:
+        ro = w.ctx.get("rollouts")  # set by on_startup, before the first poll
+        return ro.room(w.job_counter) if ro is not None else 0
+
+    worker = create_worker(settings, job_completion_wait=max(0, int(rt.actor.shutdown_grace_s)),
+                           room=room)
     try:
         await worker.async_run()
     except asyncio.CancelledError:

@@ -10,8 +10,8 @@ max_staleness 2, a run of twice the budget where the same number of actors again
 
 Per setting: trained samples (and episodes) per minute between the first and last learner
 step, the learner's idle fraction (1 - its busy seconds: step + checkpoint + publish, over that
-window), the actors' idle fraction (1 - seconds their slots spent pinned on episodes over slots x
-window), the distribution of sample staleness (learner version at training - the episode's
+window), the actors' idle fraction (1 - seconds their generation slots spent on episodes, pin to last
+turn, over slots x window), the distribution of sample staleness (learner version at training - the episode's
 policy version), weight-sync time (a version's publication to every server reporting it; and the
 learner's own publish seconds) and the reward curve. ideal_speedup = E[max of a batch's episode
 durations] / E[episode duration], from the delays the servers actually drew (bootstrap over all
@@ -341,9 +341,10 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
     if len(inside) >= 2:
         slot_s = sum((b2[0] - b1[0]) * b1[2] for b1, b2 in itertools.pairwise(inside))
         out["actor_idle"] = max(0.0, 1 - (inside[-1][1] - inside[0][1]) / max(1e-9, slot_s))
-        # where a slot's time goes: per trained episode, the seconds slots were busy from a pin
-        # on (the lease, the episode, grading, writing; also episodes stopped or dropped),
-        # against the trained episodes' own wall time
+        # where a slot's time goes: per trained episode, the seconds generation slots were busy
+        # from a pin to the last turn (the lease, the turns and commands; grading runs past the
+        # slot, actor.grading_concurrency; also episodes stopped or dropped), against the
+        # trained episodes' own wall time
         episodes = sum(int(x["episodes"]) for x in later)
         out["slot_s_per_episode"] = (inside[-1][1] - inside[0][1]) / max(1, episodes)
     else:

@@ -108,6 +108,25 @@ class SwarlWorker(Worker):
     recomputed from the jobs actually running, so no slot leaks.
     """
 
+    def __init__(self, *args: Any, room: Callable[[Worker], int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._room = room
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's, taking no more jobs than `room(worker)` allows at the moment (besides arq's own
+        max_jobs): an actor takes a job only when it can start generating it, so another actor
+        with a free slot is not left waiting while this one holds jobs it cannot start."""
+        if self._room is None:
+            return await super().start_jobs(job_ids)
+        ids = list(job_ids)
+        while ids:
+            n = self._room(self)
+            if n <= 0:
+                return None
+            await super().start_jobs(ids[:n])  # some may be running elsewhere: room is asked again
+            ids = ids[n:]
+        return None
+
     async def _poll_iteration(self) -> None:
         try:
             await super()._poll_iteration()

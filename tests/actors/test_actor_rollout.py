@@ -110,6 +110,48 @@ async def test_the_pin_holds_the_turns_not_the_grading(scripted, pool_server, re
         await r.aclose()
 
 
+async def test_the_next_episode_generates_while_one_grades(scripted, pool_server, redis_url,
+                                                          tiny_model_dir, tmp_path, test_image):
+    """One generation slot, two jobs (arq's max_jobs is concurrency + grading_concurrency): the
+    second takes the slot once the first has written its last turn, not once it has graded; two
+    never generate at once; the slot's busy seconds leave grading out."""
+    server, (fix_row, _) = scripted
+    fix_row = {**fix_row, "eval_script": fix_row["eval_script"].replace("cd /testbed\n", "cd /testbed\nsleep 3\n", 1)}
+    cfg = actor_config(actor_sets(redis_url, tmp_path / "run", pool_server.url, pool_server.token,
+                                  tiny_model_dir, server.api_key))
+    r = connect(redis_url)
+    reg = ServerRegistry(r, KEYS)
+    ro = Rollouts(actor_runtime(cfg), r, actor_id="actor-t", slots=1)
+    try:
+        t0 = time.monotonic()
+        first = asyncio.create_task(ro.run(payload(fix_row, group=0)))
+        await asyncio.sleep(0.2)  # the first job takes the slot
+        second = asyncio.create_task(ro.run(payload(fix_row, group=1)))
+        ended: dict[str, float] = {}
+        first.add_done_callback(lambda _: ended.setdefault("first", time.monotonic()))
+        pins: list[tuple[float, list[str]]] = []  # (when, the server's pin ids)
+        while not (first.done() and second.done()):
+            (info,) = await reg.list()
+            held = await r.zrange(KEYS.server_pins(info.id), 0, -1)
+            pins.append((time.monotonic(), [p.decode() for p in held]))
+            await asyncio.sleep(0.02)
+        assert (await first)["resolved"] and (await second)["resolved"]
+        samples = await _replay(r)
+        eval_time = min(s.metrics["eval_time"] for s in samples)
+        assert eval_time > 3.0
+        assert max(len(ids) for _, ids in pins) == 1, "two episodes generated at once on one slot"
+        # the second episode's pin came while the first graded: well before the first ended
+        second_pinned = min(t for t, ids in pins if any(":g1:" in i for i in ids))
+        assert second_pinned < ended["first"] - 0.5 * eval_time, (
+            second_pinned - t0, ended["first"] - t0, eval_time)
+        busy = float(await r.hget(KEYS.stats, "rollout_busy_s"))
+        walls = sum(s.metrics["total_time"] for s in samples)
+        assert busy < walls - 2 * 0.8 * eval_time, (busy, walls, eval_time)
+    finally:
+        await ro.aclose()
+        await r.aclose()
+
+
 @pytest.mark.parametrize("eta", [0, 2])
 async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         redis_url, tiny_model_dir, pool_server, tmp_path, test_image, eta: int) -> None:

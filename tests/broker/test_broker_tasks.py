@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.keys import Keys
+from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from broker.tasks import arq_pool, enqueue_jobs, jobs_for
 
 HERE = Path(__file__).parent
@@ -177,3 +178,46 @@ async def test_close_after_a_cancelled_job_task_still_runs_on_shutdown(redis_url
     task.cancel()
     await worker.close()
     assert shut == [True] and task.cancelled()
+
+
+async def test_a_worker_takes_no_more_jobs_than_its_room(redis_url, keys):
+    """`room` (an actor: its free generation slots) bounds the jobs taken, below max_jobs: the
+    jobs it could not start yet stay in the queue for other workers."""
+    from broker.tasks import create_worker, worker_settings
+    from swarl.config import load_config
+
+    cfg = load_config(None, [f"redis.url={redis_url}", "run.id=test", "queue.poll_delay_s=0.05"],
+                      environ={})
+    started: list[str] = []
+    release = asyncio.Event()
+
+    async def rollout(ctx, payload):
+        started.append(ctx["job_id"])
+        await release.wait()
+        return {}
+
+    gate = {"slots": 1}
+    worker = create_worker(worker_settings(cfg.queue, cfg.keys, redis_url, rollout, max_jobs=4),
+                           handle_signals=False, room=lambda w: gate["slots"] - w.job_counter)
+    pool = await arq_pool(redis_url)
+    run = asyncio.create_task(worker.async_run())
+    try:
+        await enqueue_jobs(pool, cfg.keys, jobs_for(cfg.keys, ROW, "t", 3))
+        await _wait_for(lambda: _async(len(started) >= 1), 20, "the first job")
+        await asyncio.sleep(0.5)  # ten polls: max_jobs would have let all three in
+        claimed = [k async for k in pool.scan_iter(match=ARQ_IN_PROGRESS_PREFIX + "*")]
+        assert len(started) == 1 and len(claimed) == 1, (started, claimed)
+        gate["slots"] = 3
+        await _wait_for(lambda: _async(len(started) == 3), 20, "the other two once there is room")
+    finally:
+        release.set()
+        await asyncio.sleep(0.3)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await worker.close()
+        await pool.aclose()
+
+
+async def _async(value):
+    return value
