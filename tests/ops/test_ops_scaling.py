@@ -93,7 +93,10 @@ def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny
                 "actor.step_limit": 4, "actor.exec_timeout_s": 30, "actor.pin_wait_s": 20,
                 "actor.allocate_wait_s": 60, "actor.heartbeat_s": 1, "actor.shutdown_grace_s": 0,
                 "actor.save_trajectories": False, "queue.max_tries": 3, "queue.claim_ttl_s": 5,
-                "queue.claim_renew_s": 1, "queue.poll_delay_s": 0.2, "admission.batch_size": 64}
+                "queue.claim_renew_s": 1, "queue.poll_delay_s": 0.2, "admission.batch_size": 64,
+                # no episode grades past its slot: an actor's jobs (counted below by arq's
+                # claims) are then its concurrency, and a second actor is what adds one
+                "actor.grading_concurrency": 0}
         cfg = load_config(None, [f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                                  for k, v in sets.items()], environ={})
         cfg_path = tmp_path / "run.yaml"
