@@ -28,7 +28,7 @@ from broker.keys import Keys
 from broker.registry import ServerMeta
 from inference.api_schema import add_api_key
 from inference.generation import Generation
-from inference.latency import LatencyLog, LatencyProfile
+from inference.latency import LatencyLog, LatencyProfile, episode_key
 from inference.membership import Membership
 from inference.openai_api import OpenAIBackend, OpenAIError, add_openai_routes
 
@@ -177,9 +177,12 @@ class ScriptedJudge:
 
 
 def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = "",
-               membership: Membership | None = None, judge: ScriptedJudge | None = None) -> Any:
+               membership: Membership | None = None, judge: ScriptedJudge | None = None,
+               fail_episodes: int = 0) -> Any:
     """The app; with `membership`, the registry entry lives as long as the app (its lifespan, so
-    the entry is gone before uvicorn's shutdown hands a caught SIGTERM back to the process)."""
+    the entry is gone before uvicorn's shutdown hands a caught SIGTERM back to the process).
+    `fail_episodes`: the first N episodes (rid keys) it sees get HTTP 500 on their first request,
+    an infrastructure failure the actor hands back for a retry (which then succeeds)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -195,6 +198,18 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
 
     if api_key:
         add_api_key(app, api_key)
+    seen: set[str] = set()
+    failed: list[str] = []
+
+    def injected_fault(rid: str) -> bool:
+        key = episode_key(rid or None)
+        if not key or key in seen:
+            return False
+        seen.add(key)
+        if len(failed) >= fail_episodes:
+            return False
+        failed.append(key)
+        return True
 
     @app.post("/generate")
     async def generate(request: Request) -> Any:
@@ -209,6 +224,8 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
         mnt = sp.get("max_new_tokens", 128)
         if not isinstance(mnt, int) or mnt < 0:
             return err(400, "sampling_params.max_new_tokens: expected a non-negative int")
+        if fail_episodes and injected_fault(body.get("rid") or ""):
+            return err(500, "injected fault (--fail-episodes)")
         try:
             return await native(ids, mnt, body.get("rid") or "")
         except JudgeError as e:
@@ -274,6 +291,11 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
             return {"profile": None, "episodes": {}}
         return {"profile": policy.latency.profile.model_dump(), "episodes": policy.latency.episodes}
 
+    @app.get("/swarl/faults")
+    async def faults() -> Any:
+        """The episodes (rid keys) whose first request got the injected HTTP 500."""
+        return {"fail_episodes": fail_episodes, "failed": failed}
+
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Any:
@@ -292,7 +314,8 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
                 keys: Keys | None, server_id: str | None = None,
                 advertise_url: str | None = None, heartbeat_s: float = 3.0, sleep_s: int = 30,
                 redis_cfg: RedisConfig | None = None, judge_vote: str = "+1",
-                judge_delay_s: float = 0.0, latency: LatencyProfile | None = None) -> None:
+                judge_delay_s: float = 0.0, latency: LatencyProfile | None = None,
+                fail_episodes: int = 0) -> None:
     """Run the scripted server; with redis_url, keep a registry entry (ready at any version: a
     script does not depend on weights) until stopped."""
     import uvicorn
@@ -312,5 +335,5 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
             ServerMeta(kind="scripted", model=tokenizer_dir, tp_size=1, role="prm" if judge else "policy"),
             version=lambda: policy.weight_version, heartbeat_s=heartbeat_s, any_version_ready=True,
             redis_cfg=redis_cfg)
-    app = create_app(policy, api_key, tokenizer_dir, membership, judge)
+    app = create_app(policy, api_key, tokenizer_dir, membership, judge, fail_episodes)
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()

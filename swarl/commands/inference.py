@@ -174,6 +174,9 @@ def scripted_serve(
     latency: Annotated[str | None, typer.Option(
         "--latency-profile", help="JSON of an inference.latency.LatencyProfile: heavy-tailed "
         "episode durations (lognormal turns and per-token time); unset: answer at once.")] = None,
+    fail_episodes: Annotated[int, typer.Option(
+        "--fail-episodes", min=0, help="Fault injection: the first N episodes it sees get HTTP 500 on "
+        "their first request (an infrastructure failure; the retry succeeds).")] = 0,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -204,4 +207,5 @@ def scripted_serve(
     asyncio.run(serve(tokenizer, mode, host, port, key, weight_version, rows,
                       redis_url or cfg.redis.url, cfg.keys, server_id=server_id,
                       heartbeat_s=cfg.inference.heartbeat_s, sleep_s=sleep_s, redis_cfg=cfg.redis,
-                      judge_vote=judge_vote, judge_delay_s=judge_delay_s, latency=profile))
+                      judge_vote=judge_vote, judge_delay_s=judge_delay_s, latency=profile,
+                      fail_episodes=fail_episodes))
