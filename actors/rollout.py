@@ -74,6 +74,7 @@ class Rollouts:
         self.slots = slots or self.a.concurrency
         self._generating = asyncio.Semaphore(self.slots)
         self.unfreed = 0  # jobs in run() that have not given their slot back (or wait for one)
+        self._past_admission: set[str] = set()  # jobs in run() admission has decided
         self.totals: Counter[str] = Counter()
         # server id -> until when this actor does not pin it: it refused connections (killed?)
         # while its registry entry stays fresh for up to SERVER_TTL_S
@@ -104,7 +105,7 @@ class Rollouts:
         while we wait."""
         while True:
             got = await self.admission.admit(job.group_id, job.n_samples,
-                                             unless_closed=self.a.abandon_stale)
+                                             unless_closed=self.a.abandon_stale, job_id=job.job_id)
             if got != "wait":
                 return got == "started"
             await asyncio.sleep(0.25)  # at max_staleness 0 this poll is on every version's path
@@ -155,9 +156,10 @@ class Rollouts:
         final_try = job_try >= self.rt.queue.max_tries
         pin_id = f"{self.actor_id}:{job.job_id}:{job_try}"
         # trainable: samples the learner can train on were written; a rollout that ends
-        # without any (an error, or masked samples) gives its admission slot back, so at
-        # max_staleness 0 another rollout of the same version takes its place in the batch
-        admitted = trainable = False
+        # without any (masked samples, a last try's error) gives its admission slot back, so at
+        # max_staleness 0 another rollout of the same version takes its place in the batch; one
+        # that arq will run again (retried) keeps it for that try
+        admitted = trainable = retried = False
         server = policy = None
         t_busy = 0.0
         renew: asyncio.Task[None] | None = None
@@ -168,6 +170,7 @@ class Rollouts:
         try:
             await slot.take()
             admitted = await self._admit(job)
+            self._past_admission.add(job.job_id)
             server = await self._pin(pin_id)
             t_busy = time.monotonic()
             renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
@@ -220,6 +223,7 @@ class Rollouts:
             log.warning("episode_infra_failure", job_id=job.job_id, reason=e.reason,
                         detail=e.detail[:300], job_try=job_try)
             if not final_try:
+                retried = True
                 raise  # arq runs the job again (bounded by queue.max_tries)
             # Last try: one masked sample completes the learner's group without biasing it.
             version = server.version or 0 if server is not None else await self.policies.current()
@@ -231,11 +235,24 @@ class Rollouts:
             log.warning("episode_masked_after_infra_failures", job_id=job.job_id,
                         reason=e.reason, tries=job_try)
             return {"masked": True, "reason": e.reason}
+        except BaseException:
+            retried = not final_try  # arq runs it again: an error, a timeout, a hand-back on SIGTERM
+            raise
         finally:
             self.running -= 1
+            self._past_admission.discard(job.job_id)
             slot.give()
             stop_renewing.set()
-            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, admitted and not trainable))
+            await asyncio.shield(self._cleanup(renew, server, pin_id, policy, job.job_id if admitted else None,
+                                               trainable, retried))
+
+    async def admissible(self, job_ids: list[str], want: int, running: list[str]) -> list[int]:
+        """Which of the queue's jobs (ids in queue order) to take: at most `want` that admission
+        would start now (broker.admission.Admission.admissible). `running`: the jobs this actor
+        runs; those that have not been admitted yet (just taken) count first."""
+        jobs = [(j, self.keys.group_of(j)) for j in job_ids]
+        taken = [(j, self.keys.group_of(j)) for j in running if j not in self._past_admission]
+        return await self.admission.admissible(jobs, want, unless_closed=self.a.abandon_stale, taken=taken)
 
     def _slot_freed(self) -> None:
         self.unfreed -= 1
@@ -317,7 +334,11 @@ class Rollouts:
         return {"masked": True, "reason": why, "version": version}
 
     async def _cleanup(self, renew: asyncio.Task[None] | None, server: Any, pin_id: str,
-                       policy: ServerPolicy | None, release: bool) -> None:
+                       policy: ServerPolicy | None, admitted: str | None, trainable: bool,
+                       retried: bool) -> None:
+        """Let go of what one try held. `admitted` (the job id, if it was): its admission slot
+        stays taken if it wrote trainable samples, stays held for the next try if `retried`,
+        and goes back otherwise (broker.admission: a job holds its slot across its tries)."""
         if renew is not None:
             with contextlib.suppress(BaseException):
                 await renew
@@ -327,9 +348,12 @@ class Rollouts:
         if policy is not None:
             with contextlib.suppress(Exception):
                 await policy.aclose()
-        if release:
+        if admitted is not None and not retried:
             with contextlib.suppress(Exception):
-                await self.admission.release()
+                if trainable:
+                    await self.admission.finished(admitted)
+                else:
+                    await self.admission.release_job(admitted)
 
     async def _stat(self, name: str, busy_s: float = 0.0) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -87,8 +87,13 @@ async def run_actor(rt: ActorRuntime, concurrency: int) -> None:
         ro = w.ctx.get("rollouts")  # set by on_startup, before the first poll
         return ro.room(w.job_counter) if ro is not None else 0
 
+    async def admissible(w: Any, job_ids: list[str], want: int) -> list[int]:
+        ro = w.ctx.get("rollouts")
+        running = [j for j, t in w.tasks.items() if not t.done()]
+        return await ro.admissible(job_ids, want, running) if ro is not None else []
+
     worker = create_worker(settings, job_completion_wait=max(0, int(rt.actor.shutdown_grace_s)),
-                           room=room)
+                           room=room, admissible=admissible)
     try:
         await worker.async_run()
     except asyncio.CancelledError:

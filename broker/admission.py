@@ -14,7 +14,15 @@ with the first members of five groups for a batch of four: at max_staleness 0 no
 completed and the learner waited forever. A group's reservation (one key per group, owned
 here) is handed back with `forfeit` when the learner closes the group before all its members
 started; `forfeit` also marks the group closed, so that actors stop (or never start) the members
-whose samples the learner could only drop (`closed`)."""
+whose samples the learner could only drop (`closed`).
+
+A job holds its slot across its tries: `admit` records the job (one key per admitted job, owned
+here) and a job that runs again finds its record and starts on the slot it already holds. So a
+retry after an error, a timeout, a hand-back on SIGTERM or a SIGKILLed actor neither waits for a
+slot nor takes a second one, and no job of another group takes its place meanwhile (at
+max_staleness 0 that left a batch one member short until learner.group_timeout_s). The slot
+goes back once (`release_job`, idempotent) when the job ends without trainable samples, or its
+group was closed; `finished` drops the record of a job whose samples were written."""
 
 from __future__ import annotations
 
@@ -29,46 +37,97 @@ from broker.keys import Keys
 GROUP_TTL_S = 24 * 3600
 
 
-# KEYS[last] is the group's closed mark, checked first when ARGV[1] is '1' (a closed group's
-# members never start: their samples could only be dropped); -1 then. Same call as the slot, so
-# a waiting actor polls once, and no slot is taken after the group closed.
-_UNLESS_CLOSED = """
-if ARGV[1] == '1' and redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end
+# One rule for a job of a group of size g, shared by admit (which takes the slot) and
+# admissible (which only looks): `left` is the group's reservation (-1: no member started yet).
+# Returns the slots to add to `started` (-1: no room now) and the reservation after.
+_DECIDE = """
+local function decide(left, g, started, cap, per)
+  if left > 0 then return 0, left - 1 end
+  if left < 0 and g > 1 then
+    if started + math.min(g, per) > cap then return -1, left end
+    return g, g - 1
+  end
+  if started < cap then return 1, left end
+  return -1, left
+end
+local function capacity(current, per_version, max_staleness, batch_size)
+  local per = tonumber(redis.call('GET', per_version) or batch_size)
+  return (tonumber(max_staleness) + tonumber(redis.call('GET', current) or '0') + 1) * per, per
+end
 """
 Admitted = Literal["started", "wait", "closed"]
 _OUTCOME: dict[int, Admitted] = {1: "started", 0: "wait", -1: "closed"}
 
 
 class Admission:
-    # KEYS: started, current, per_version, closed mark; ARGV: unless_closed, max_staleness, batch_size
-    _TRY = _UNLESS_CLOSED + """
-    local v = tonumber(redis.call('GET', KEYS[2]) or '0')
-    local started = tonumber(redis.call('GET', KEYS[1]) or '0')
-    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[3])
-    local cap = (tonumber(ARGV[2]) + v + 1) * per
-    if started < cap then redis.call('INCR', KEYS[1]); return 1 end
-    return 0
-    """
-    # KEYS: started, current, per_version, the group's reservation, its closed mark; ARGV:
-    # unless_closed, max_staleness, batch_size, group size, ttl. A reservation of 0 (used up)
-    # means a member runs again (a retry after it gave its slot back): it takes one slot like a
-    # single episode.
-    _TRY_GROUP = _UNLESS_CLOSED + """
-    local left = tonumber(redis.call('GET', KEYS[4]) or '-1')
-    if left > 0 then redis.call('DECR', KEYS[4]); return 1 end
-    local v = tonumber(redis.call('GET', KEYS[2]) or '0')
-    local started = tonumber(redis.call('GET', KEYS[1]) or '0')
-    local per = tonumber(redis.call('GET', KEYS[3]) or ARGV[3])
-    local cap = (tonumber(ARGV[2]) + v + 1) * per
-    local g = tonumber(ARGV[4])
-    if left < 0 then
-      if started + math.min(g, per) > cap then return 0 end
-      redis.call('INCRBY', KEYS[1], g)
-      redis.call('SET', KEYS[4], g - 1, 'EX', ARGV[5])
-      return 1
+    # KEYS: started, current, per_version, the group's reservation, its closed mark, the job's
+    # record; ARGV: unless_closed, max_staleness, batch_size, group size, ttl, has_group,
+    # has_job. A job with a record holds its slot already (it runs again); if its group was
+    # closed meanwhile that slot goes back. A closed group's members never start (-1, checked in
+    # the same call so a waiting actor polls once). A reservation left for the group is used
+    # first.
+    _ADMIT = _DECIDE + """
+    local grouped, has_job = ARGV[6] == '1', ARGV[7] == '1'
+    local closed = grouped and ARGV[1] == '1' and redis.call('EXISTS', KEYS[5]) == 1
+    if has_job and redis.call('EXISTS', KEYS[6]) == 1 then
+      if not closed then return 1 end
+      redis.call('DEL', KEYS[6])
+      if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+      return -1
     end
-    if started < cap then redis.call('INCR', KEYS[1]); return 1 end
-    return 0
+    if closed then return -1 end
+    local left = -1
+    if grouped then left = tonumber(redis.call('GET', KEYS[4]) or '-1') end
+    local started = tonumber(redis.call('GET', KEYS[1]) or '0')
+    local cap, per = capacity(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
+    local take, after = decide(left, tonumber(ARGV[4]), started, cap, per)
+    if take < 0 then return 0 end
+    if take > 0 then redis.call('INCRBY', KEYS[1], take) end
+    if after ~= left then
+      if left < 0 then redis.call('SET', KEYS[4], after, 'EX', ARGV[5])
+      else redis.call('SET', KEYS[4], after, 'KEEPTTL') end
+    end
+    if has_job then redis.call('SET', KEYS[6], 1, 'EX', ARGV[5]) end
+    return 1
+    """
+    # KEYS: started, current, per_version, group sizes, then per candidate its group's
+    # reservation, closed mark and its own record; ARGV: unless_closed, max_staleness,
+    # batch_size, how many to find, how many of the candidates lead as already taken, then per
+    # candidate its group id ('' if none). Which candidates (1-based, not counting the taken
+    # ones) admit would start now, in order, each one counted as started for those after it.
+    # Nothing is written.
+    _ADMISSIBLE = _DECIDE + """
+    local started = tonumber(redis.call('GET', KEYS[1]) or '0')
+    local cap, per = capacity(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
+    local want, taken, found, lefts = tonumber(ARGV[4]), tonumber(ARGV[5]), {}, {}
+    for c = 0, #ARGV - 6 do
+      local gid, k = ARGV[6 + c], 5 + 3 * c
+      local ok = redis.call('EXISTS', KEYS[k + 2]) == 1
+        or (gid ~= '' and ARGV[1] == '1' and redis.call('EXISTS', KEYS[k + 1]) == 1)
+      if not ok then
+        local g, left = 1, -1
+        if gid ~= '' then
+          g = tonumber(redis.call('HGET', KEYS[4], gid) or '1')
+          left = lefts[gid] or tonumber(redis.call('GET', KEYS[k]) or '-1')
+        end
+        local take, after = decide(left, g, started, cap, per)
+        if take >= 0 then
+          ok, started = true, started + take
+          if gid ~= '' then lefts[gid] = after end
+        end
+      end
+      if ok and c >= taken then
+        found[#found + 1] = c - taken + 1
+        if #found >= want then break end
+      end
+    end
+    return found
+    """
+    # KEYS: started, the job's record. Its slot goes back once, however often this is called.
+    _RELEASE_JOB = """
+    if redis.call('DEL', KEYS[2]) == 0 then return 0 end
+    if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+    return 1
     """
     # KEYS: started, the group's reservation, its closed mark; ARGV: ttl. The slots of members
     # that never started go back.
@@ -91,9 +150,10 @@ class Admission:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, cfg: AdmissionConfig) -> None:
         self.redis, self.keys, self.cfg = redis, keys, cfg
-        self._try = redis.register_script(self._TRY)
+        self._admit = redis.register_script(self._ADMIT)
+        self._admissible = redis.register_script(self._ADMISSIBLE)
+        self._release_job = redis.register_script(self._RELEASE_JOB)
         self._release = redis.register_script(self._RELEASE)
-        self._try_group = redis.register_script(self._TRY_GROUP)
         self._forfeit = redis.register_script(self._FORFEIT)
 
     async def try_start(self, group_id: str | None = None, group_size: int = 1) -> bool:
@@ -101,26 +161,60 @@ class Admission:
         return await self.admit(group_id, group_size) == "started"
 
     async def admit(self, group_id: str | None = None, group_size: int = 1,
-                    unless_closed: bool = False) -> Admitted:
+                    unless_closed: bool = False, job_id: str | None = None) -> Admitted:
         """try_start in one call that also answers "closed" (no slot taken) when `unless_closed`
-        and the learner has closed `group_id`; "wait": no slot free yet."""
+        and the learner has closed `group_id`; "wait": no slot free yet. With `job_id` the job
+        keeps its slot until `release_job` or `finished`, across its tries (see above)."""
         closed = self.keys.admission_closed(group_id or "")
         if not self.cfg.enabled:
             if unless_closed and group_id is not None and await self.redis.exists(closed):
                 return "closed"
             await self.redis.incr(self.keys.admission_started)
             return "started"
-        flag = "1" if unless_closed and group_id is not None else "0"
-        if group_id is not None and group_size > 1:
-            got = await self._try_group(
-                keys=[self.keys.admission_started, self.keys.policy_current,
-                      self.keys.admission_per_version, self.keys.admission_group(group_id), closed],
-                args=[flag, self.cfg.max_staleness, self.cfg.batch_size, group_size, GROUP_TTL_S])
-        else:
-            got = await self._try(keys=[self.keys.admission_started, self.keys.policy_current,
-                                        self.keys.admission_per_version, closed],
-                                  args=[flag, self.cfg.max_staleness, self.cfg.batch_size])
+        got = await self._admit(
+            keys=[self.keys.admission_started, self.keys.policy_current, self.keys.admission_per_version,
+                  self.keys.admission_group(group_id or ""), closed, self.keys.admission_job(job_id or "")],
+            args=["1" if unless_closed else "0", self.cfg.max_staleness, self.cfg.batch_size,
+                  max(1, group_size), GROUP_TTL_S, "1" if group_id is not None else "0",
+                  "1" if job_id is not None else "0"])
         return _OUTCOME[int(got)]
+
+    async def admissible(self, jobs: list[tuple[str, str | None]], want: int, unless_closed: bool = False,
+                         taken: list[tuple[str, str | None]] | None = None) -> list[int]:
+        """Which of these queued jobs ((job id, group id), in queue order) `admit` would start
+        now, at most `want` of them, each counted as started for the ones after it: an actor
+        takes from the queue only jobs that can start, so none holds a job that waits while
+        another could run (at max_staleness 0 a retried member of the batch would otherwise find
+        every actor slot held by next-version jobs waiting for admission). `taken`: jobs the
+        caller took that have not asked `admit` yet, counted first. A group's size is the one
+        `register_groups` recorded at enqueue (1 if none). Indices into `jobs`."""
+        if want <= 0 or not jobs:
+            return []
+        if not self.cfg.enabled:
+            return list(range(min(want, len(jobs))))
+        every = [*(taken or []), *jobs]
+        keys = [self.keys.admission_started, self.keys.policy_current, self.keys.admission_per_version,
+                self.keys.group_sizes]
+        for job_id, g in every:
+            keys += [self.keys.admission_group(g or ""), self.keys.admission_closed(g or ""),
+                     self.keys.admission_job(job_id)]
+        found = await self._admissible(keys=keys, args=[
+            "1" if unless_closed else "0", self.cfg.max_staleness, self.cfg.batch_size, want,
+            len(every) - len(jobs), *(g or "" for _, g in every)])
+        return [int(i) - 1 for i in found]
+
+    async def release_job(self, job_id: str) -> bool:
+        """The job ended without trainable samples and will not run again (or its group was
+        closed): its slot goes back, once (False: it held none)."""
+        if not self.cfg.enabled:  # no records: `started` is only a count
+            await self.release()
+            return True
+        return bool(await self._release_job(keys=[self.keys.admission_started,
+                                                  self.keys.admission_job(job_id)]))
+
+    async def finished(self, job_id: str) -> None:
+        """The job's samples were written: its slot stays taken; its record is dropped."""
+        await self.redis.delete(self.keys.admission_job(job_id))
 
     async def release(self, n: int = 1) -> None:
         """Give `n` slots back: rollouts that ended without trainable samples (the actor), or
@@ -156,3 +250,15 @@ class Admission:
         cap = (self.cfg.max_staleness + v_i + 1) * per_i
         return {"started": started_i, "capacity": cap, "version": v_i, "per_version": per_i,
                 "free": max(0, cap - started_i)}
+
+
+async def release_admitted(redis: aioredis.Redis, keys: Keys, job_id: str) -> None:
+    """The slot a job's tries held goes back (if they held one): the job failed for good with no
+    try left to do it (workers died on every one)."""
+    await redis.eval(Admission._RELEASE_JOB, 2, keys.admission_started, keys.admission_job(job_id))
+
+
+async def register_groups(redis: aioredis.Redis, keys: Keys, sizes: dict[str, int]) -> None:
+    """The enqueuer: each group's size, for `Admission.admissible` (admit takes it from the job)."""
+    if sizes:
+        await redis.hset(keys.group_sizes, mapping=sizes)

@@ -38,9 +38,15 @@ class Keys:
         """arq queue: sorted set of job ids (score = enqueue time ms)."""
         return f"{self.base}:queue"
 
+    @staticmethod
+    def group_id(instance_id: str, group: int) -> str:
+        """A group of samples of one instance (group = the epoch that enqueued it)."""
+        return f"{instance_id}:g{group}"
+
     def job_id(self, instance_id: str, group: int, index: int) -> str:
-        """Deterministic job id: enqueueing the same data twice adds nothing."""
-        return f"{self.run}:{instance_id}:g{group}:s{index}"
+        """Deterministic job id: enqueueing the same data twice adds nothing. `group_of` reads
+        the group back."""
+        return f"{self.run}:{self.group_id(instance_id, group)}:s{index}"
 
     @property
     def jobs_failed(self) -> str:
@@ -113,8 +119,26 @@ class Keys:
 
     def admission_group(self, group_id: str) -> str:
         """Int with TTL: slots a group's first rollout reserved for its siblings, not yet taken
-        (0: all taken; a member that runs again takes a slot of its own)."""
+        (0: all taken)."""
         return f"{self.base}:admission:group:{group_id}"
+
+    @property
+    def group_sizes(self) -> str:
+        """Hash group_id -> its number of members, written at enqueue: how many slots a group's
+        first member reserves, looked up before a job is taken from the queue."""
+        return f"{self.base}:admission:group_sizes"
+
+    def group_of(self, job_id: str) -> str | None:
+        """The group id within a job id made by `job_id` (None if it is not one)."""
+        head, sep, tail = job_id.rpartition(":s")
+        if not sep or not tail.isdigit() or not head.startswith(f"{self.run}:"):
+            return None
+        return head[len(self.run) + 1:]
+
+    def admission_job(self, job_id: str) -> str:
+        """"1" with TTL: the job was admitted and holds its slot across its tries, until it ends
+        without trainable samples (the slot goes back) or with them (the record is dropped)."""
+        return f"{self.base}:admission:job:{job_id}"
 
     def admission_closed(self, group_id: str) -> str:
         """"1" with TTL: the learner closed the group before all its members arrived (trained

@@ -31,6 +31,7 @@ from arq.connections import ArqRedis
 from arq.worker import Retry, Worker, func, get_kwargs
 from redis.exceptions import RedisError
 
+from broker.admission import register_groups, release_admitted
 from broker.config import QueueConfig, RedisConfig
 from broker.connection import connect_as, reply
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
@@ -46,6 +47,8 @@ __all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "SwarlWorker", "arq
 _PICKLE_PROTO = 0x80  # every pickle of protocol >= 2 starts with PROTO 0x80
 
 Rollout = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
+# (the worker, queued job ids in queue order, how many wanted) -> indices of those that may start now
+Admissible = Callable[[Worker, list[str], int], Awaitable[list[int]]]
 
 
 class JobFormatError(ValueError):
@@ -108,14 +111,17 @@ class SwarlWorker(Worker):
     recomputed from the jobs actually running, so no slot leaks.
     """
 
-    def __init__(self, *args: Any, room: Callable[[Worker], int] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, room: Callable[[Worker], int] | None = None,
+                 admissible: Admissible | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._room = room
+        self._room, self._admissible = room, admissible
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's, taking no more jobs than `room(worker)` allows at the moment (besides arq's own
-        max_jobs): an actor takes a job only when it can start generating it, so another actor
-        with a free slot is not left waiting while this one holds jobs it cannot start."""
+        max_jobs), and of the queue's jobs only those `admissible(worker, ids, n)` picks (indices, in
+        order): an actor takes a job only when it can start generating it, so another actor
+        with a free slot is not left waiting while this one holds jobs it cannot start, and a
+        job that may start now is not left in the queue behind ones that must wait."""
         if self._room is None:
             return await super().start_jobs(job_ids)
         ids = list(job_ids)
@@ -123,8 +129,14 @@ class SwarlWorker(Worker):
             n = self._room(self)
             if n <= 0:
                 return None
-            await super().start_jobs(ids[:n])  # some may be running elsewhere: room is asked again
-            ids = ids[n:]
+            if self._admissible is None:
+                take, ids = ids[:n], ids[n:]
+            else:
+                picks = await self._admissible(self, [i.decode() for i in ids], n)
+                if not picks:
+                    return None
+                take, ids = [ids[i] for i in picks], ids[picks[-1] + 1:]
+            await super().start_jobs(take)  # some may be running elsewhere: room is asked again
         return None
 
     async def _poll_iteration(self) -> None:
@@ -168,7 +180,7 @@ class Job:
 def jobs_for(keys: Keys, instance: dict[str, Any], data_source: str, n_samples: int,
              epoch: int = 0) -> list[Job]:
     iid = instance["instance_id"]
-    group_id = f"{iid}:g{epoch}"
+    group_id = keys.group_id(iid, epoch)
     return [Job(instance, group_id, i, n_samples, data_source, keys.job_id(iid, epoch, i))
             for i in range(n_samples)]
 
@@ -199,6 +211,8 @@ async def enqueue_jobs(pool: ArqRedis, keys: Keys, jobs: Iterable[Job]) -> tuple
     t0 = time.time() * 1000 - len(jobs)
     done = await reply(pool.smismember(keys.jobs_done, [j.job_id for j in jobs]))
     failed = await reply(pool.hmget(keys.jobs_failed, [j.job_id for j in jobs]))
+    # before the jobs: an actor looks a group's size up when it considers taking a member
+    await register_groups(pool, keys, {j.group_id: j.n_samples for j in jobs})
     added = skipped = 0
     for k, (job, is_done, is_failed) in enumerate(zip(jobs, done, failed, strict=True)):
         if is_done or is_failed:
@@ -260,6 +274,7 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
         if job_try > q.max_tries:  # arq lets one more try in: workers died on every attempt
             await record_failure(redis, keys, job_id, f"no attempt finished in {q.max_tries} tries "
                                  "(worker killed or lost)", job_try - 1)
+            await release_admitted(redis, keys, job_id)  # the slot its dead tries held
             return {"failed": True}
         if await reply(redis.sismember(keys.jobs_done, job_id)):  # an earlier try wrote its samples
             return {"skipped": "already done"}

@@ -238,9 +238,12 @@ async def test_a_member_of_a_group_the_learner_closed_is_stopped_or_never_starts
         for p in (straggler, payload(row, group=1, index=1, n=2)):
             assert await r.sismember(KEYS.jobs_done, p["job_id"])
         # each group's first member reserved 2 slots; group 1's forfeit handed back its unstarted
-        # sibling's, the straggler and group 2's cancelled member gave their own back, and the
-        # late sibling took none: what is left is the slot reserved for group 2's second member
-        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        # sibling's, the straggler gave its own back, and the late sibling took none; group 2's
+        # cancelled member (arq runs it again) keeps its slot, and one stays reserved for group
+        # 2's second member
+        assert int(await r.get(KEYS.admission_started) or 0) == 2
+        assert await r.exists(KEYS.admission_job(other["job_id"]))
+        assert not await r.exists(KEYS.admission_job(straggler["job_id"]))
         assert (await reg.list())[0].pins == 0
         assert (await ro.pool.status())["leases"] == 0
         assert ro.totals["episodes_abandoned_group_closed"] == 2
@@ -374,9 +377,13 @@ async def test_envd_outage_gives_no_minus_one(scripted, redis_url, tiny_model_di
         with pytest.raises(InfraError, match="allocate_failed"):
             await ro.run(payload(fix_row), job_try=1)   # arq will retry it
         assert await _replay(r) == []
-        assert int(await r.get(KEYS.admission_started) or 0) == 0   # slot given back
+        # the job keeps its slot for the retry (no other job may take it meanwhile)
+        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        assert await r.exists(KEYS.admission_job(payload(fix_row)["job_id"]))
         res = await ro.run(payload(fix_row), job_try=2)                # the last try
         assert res["masked"]
+        # the last try took the kept slot, wrote a masked sample and gave the slot back
+        assert int(await r.get(KEYS.admission_started) or 0) == 0
         (s,) = await _replay(r)
         assert s.masked and s.mask_reason == "infra:allocate_failed" and s.reward == 0.0
         assert s.status == "failed" and s.loss_mask.sum() == 0
@@ -424,12 +431,13 @@ async def test_failed_episode_writes_its_trajectory_with_the_error(tiny_model_di
         meta = json.loads((d / "meta.json").read_text())
         assert meta["server_id"] and meta["job_try"] == 1 and meta["weight_versions"] == ["0"]
         assert "inference_api_key" not in meta["config"]
-        # nothing written, nothing held: lease closed, pin dropped, admission slot given back
+        # nothing written, nothing held but the admission slot, kept for the job's retry
         assert await _replay(r) == []
         assert (await ro.pool.status())["leases"] == 0
         (info,) = await ServerRegistry(r, KEYS).list()
         assert info.pins == 0
-        assert int(await r.get(KEYS.admission_started) or 0) == 0
+        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        assert await r.exists(KEYS.admission_job(payload(row)["job_id"]))
     finally:
         await ro.aclose()
         await r.aclose()

@@ -112,7 +112,9 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
         assert first.proc.returncode == 0, first.log()[-3000:]
         assert (await pc.status())["leases"] == 0 and time.monotonic() - t0 < 15  # closed, not expired
         assert [s.pins for s in await ServerRegistry(r, KEYS).list()] == [0]
-        assert int(await r.get(KEYS.admission_started) or 0) == 0
+        # the job keeps its admission slot for its re-run (broker.admission: across its tries)
+        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        assert await r.exists(KEYS.admission_job(job_id))
         assert await ActorRegistry(r, KEYS).list() == []
         assert await r.scard(KEYS.jobs_done) == 0
         # 2. SIGKILL mid-episode: the job runs again on another actor
@@ -127,6 +129,9 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
         samples = await _samples(r)
         assert [s.sample_id for s in samples] == [f"{job_id}:0", f"{job_id}:1"]  # one copy
         assert all(s.reward == 1.0 for s in samples)
+        # one job, one admission slot through its three tries (the killed one gave nothing back)
+        assert int(await r.get(KEYS.admission_started) or 0) == 1
+        assert not await r.exists(KEYS.admission_job(job_id))
         await _wait(lambda: _leases(pc, 0), 40, "the orphaned lease reaped", procs)
         client = docker.DockerClient(base_url=docker_url)
         try:

@@ -142,3 +142,67 @@ async def test_admit_answers_closed_in_the_same_call_and_takes_no_slot(aredis, k
     off = Admission(aredis, keys, AdmissionConfig(enabled=False))
     assert await off.admit("C", 1, unless_closed=True) == "closed"
     assert await off.admit("E", 1, unless_closed=True) == "started"
+
+
+async def test_a_job_keeps_its_slot_across_its_tries(aredis, keys):
+    """At max_staleness 0 a member of the batch that failed and would run again gave its slot
+    back; a job of the next version's group took it, and the batch never completed. A SIGKILLed
+    actor's job never gave its slot back at all, and its re-run took a second one."""
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=5))
+    assert await a.admit("A", 2, job_id="a0") == "started"
+    assert await a.admit("A", 2, job_id="a1") == "started"
+    assert await a.admit("B", 2, job_id="b0") == "started"
+    assert await a.admit("S", 1, job_id="s0") == "started"
+    assert (await a.capacity())["started"] == 5
+    # a0 failed (arq runs it again) and s0's actor was SIGKILLed: neither gave anything back
+    assert await a.admit("C", 1, job_id="c0") == "wait" and not await a.try_start(None)
+    assert await a.admit("A", 2, job_id="a0") == "started"  # the re-runs start on their own slots
+    assert await a.admit("S", 1, job_id="s0") == "started"
+    assert await a.admit("B", 2, job_id="b1") == "started"  # B's sibling on B's reservation
+    assert (await a.capacity())["started"] == 5
+    # a job that ends without trainable samples gives its slot back, once
+    assert await a.release_job("a0") and not await a.release_job("a0")
+    assert (await a.capacity())["started"] == 4
+    # a job whose samples were written keeps its slot; its record goes
+    await a.finished("b0")
+    assert not await a.release_job("b0") and (await a.capacity())["started"] == 4
+    # a held slot of a group the learner closed goes back when the job runs again
+    await a.forfeit("S")
+    assert await a.admit("S", 1, unless_closed=True, job_id="s0") == "closed"
+    assert (await a.capacity())["started"] == 3
+    assert not await a.release_job("s0")
+    # with admission off there are no records: `started` is a count
+    off = Admission(aredis, keys, AdmissionConfig(enabled=False))
+    assert await off.admit("D", 1, job_id="d0") == "started" and await off.release_job("d0")
+    assert (await a.capacity())["started"] == 3
+
+
+async def test_admissible_picks_the_queued_jobs_that_can_start_now(aredis, keys):
+    from broker.admission import register_groups
+
+    a = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=4))
+    await register_groups(aredis, keys, {"A": 2, "B": 2, "C": 2, "S": 1, "E": 2, "F": 2})
+
+    def q(*groups: str | None) -> list[tuple[str, str | None]]:
+        return [(f"{g}{i}", g) for i, g in enumerate(groups)]
+
+    assert await a.admissible(q("C", "A", "S"), 5) == [0, 1]  # C and A fill the batch: S must wait
+    assert await a.admissible(q("C", "A", "S"), 1) == [0]
+    assert (await a.capacity())["started"] == 0  # it only looks
+    # jobs the caller took that have not asked admit yet count first (and are not answered)
+    assert await a.admissible(q("A", "S"), 5) == [0, 1]
+    assert await a.admissible(q("A", "S"), 5, taken=[("c9", "C")]) == [0]
+    for job, g in [("a0", "A"), ("a1", "A"), ("b0", "B")]:
+        assert await a.admit(g, 2, job_id=job) == "started"
+    # a0 will run again: it holds its slot; next-version groups stay queued; B's sibling is taken
+    queued = [("c0", "C"), ("s0", "S"), ("x", None), ("a0", "A"), ("b1", "B"), ("b1", "B")]
+    assert await a.admissible(queued, 5) == [3, 4]
+    await a.forfeit("C")
+    assert await a.admissible(q("C", "S"), 5) == []
+    assert await a.admissible(q("C", "S"), 5, unless_closed=True) == [0]  # it ends at once
+    await aredis.set(keys.policy_current, 1)  # four more slots
+    # D (unregistered: one), S and E fill them; E's sibling has its reservation, F must wait
+    assert await a.admissible(q("D", "S", "E", "F", "E"), 5) == [0, 1, 2, 4]
+    off = Admission(aredis, keys, AdmissionConfig(enabled=False))
+    assert await off.admissible(q("C", "S", "A"), 2) == [0, 1]
+    assert await a.admissible([], 3) == [] and await a.admissible(q("S"), 0) == []

@@ -221,5 +221,83 @@ async def test_a_worker_takes_no_more_jobs_than_its_room(redis_url, keys):
         await pool.aclose()
 
 
+async def test_a_worker_leaves_queued_the_jobs_admission_would_make_wait(redis_url, keys, aredis):
+    """With `admissible` (an actor: Admission.admissible) a worker with room takes only the jobs
+    that can start now; the rest stay queued (for a retry of the batch to overtake, or another
+    worker) instead of waiting for admission in a job slot."""
+    from broker.admission import Admission
+    from broker.config import AdmissionConfig
+    from broker.tasks import create_worker, worker_settings
+    from swarl.config import load_config
+
+    cfg = load_config(None, [f"redis.url={redis_url}", "run.id=test", "queue.poll_delay_s=0.05"],
+                      environ={})
+    adm = Admission(aredis, cfg.keys, AdmissionConfig(max_staleness=0, batch_size=2))
+    started: list[str] = []
+    release = asyncio.Event()
+
+    async def rollout(ctx, payload):  # an actor's order: wait for admission first
+        while await adm.admit(payload["group_id"], payload["n_samples"], job_id=ctx["job_id"]) != "started":
+            await asyncio.sleep(0.05)
+            if release.is_set():
+                return {}
+        started.append(ctx["job_id"])
+        await release.wait()
+        return {}
+
+    async def admissible(w, job_ids, want):  # jobs taken, not admitted yet, count first
+        taken = [(j, cfg.keys.group_of(j)) for j, t in w.tasks.items() if not t.done() and j not in started]
+        return await adm.admissible([(j, cfg.keys.group_of(j)) for j in job_ids], want, taken=taken)
+
+    worker = create_worker(worker_settings(cfg.queue, cfg.keys, redis_url, rollout, max_jobs=4),
+                           handle_signals=False, room=lambda w: 4 - w.job_counter, admissible=admissible)
+    pool = await arq_pool(redis_url)
+    run = asyncio.create_task(worker.async_run())
+    rows = [{**ROW, "instance_id": f"demo__calc-{i}"} for i in (1, 2)]
+    try:
+        await enqueue_jobs(pool, cfg.keys, [j for r in rows for j in jobs_for(cfg.keys, r, "t", 2)])
+        await _wait_for(lambda: _async(len(started) >= 2), 20, "the first group")
+        await asyncio.sleep(0.5)  # ten polls with room for all four
+        claimed = [k async for k in pool.scan_iter(match=ARQ_IN_PROGRESS_PREFIX + "*")]
+        assert sorted(started) == [cfg.keys.job_id("demo__calc-1", 0, i) for i in (0, 1)], started
+        assert len(claimed) == 2 and await pool.zcard(cfg.keys.queue) == 4, claimed
+        await aredis.set(cfg.keys.policy_current, 1)  # the next version opens the next batch
+        await _wait_for(lambda: _async(len(started) == 4), 20, "the second group")
+    finally:
+        release.set()
+        await asyncio.sleep(0.3)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await worker.close()
+        await pool.aclose()
+
+
 async def _async(value):
     return value
+
+
+async def test_a_job_no_try_finished_gives_its_admission_slot_back(redis_url, keys, aredis):
+    """Workers died on every try of a job (arq lets one more try in to say so): the job is
+    recorded failed, and the admission slot its tries held (broker.admission) goes back."""
+    from broker.admission import Admission
+    from broker.config import AdmissionConfig, QueueConfig
+    from broker.tasks import worker_settings
+
+    async def never(ctx, payload):
+        raise AssertionError("a job past its tries must not run")
+
+    q = QueueConfig(max_tries=3)
+    adm = Admission(aredis, keys, AdmissionConfig(max_staleness=0, batch_size=2))
+    job_id = keys.job_id("demo__calc-1", 0, 0)
+    assert await adm.admit("demo__calc-1:g0", 1, job_id=job_id) == "started"  # its first try
+    settings = worker_settings(q, keys, redis_url, never)
+    try:
+        run = settings.functions[0].coroutine
+        assert await run({"job_id": job_id, "job_try": 4, "redis": aredis}, {}) == {"failed": True}
+    finally:
+        await settings.redis_pool.aclose()
+    doc = json.loads(await aredis.hget(keys.jobs_failed, job_id))
+    assert "no attempt finished in 3 tries" in doc["reason"]
+    assert (await adm.capacity())["started"] == 0
+    assert not await aredis.exists(keys.admission_job(job_id))

@@ -115,7 +115,8 @@ async def live_run(redis_url: str, tmp_path: Path):
     await actors.register(ACTOR_ID, "node-7", 4242, 4)
     await actors.heartbeat(ACTOR_ID, 2, {"episodes": 5})
     admission = Admission(redis, keys, cfg.admission)
-    assert await admission.try_start() and await admission.try_start()
+    assert await admission.try_start()
+    assert await admission.admit("demo__demo-1:g0", 3, job_id="local:demo__demo-1:g0:s0") == "started"
     await redis.aclose()
     return worker, task, release, started
 
@@ -156,7 +157,8 @@ def expectations(job_ids: list[str]) -> dict[str, object]:
         "episodes pinned": lambda o: o.strip() == "1",
         "actors": lambda o: o.strip() == ACTOR_ID,
         "one actor": lambda o: "node-7" in o and "4242" in o,
-        "rollouts started": lambda o: o.strip() == "2",
+        "rollouts started": lambda o: o.strip() == "4",  # one, and a group of three
+        "jobs holding an admission slot": lambda o: _lines(o) == ["swarl:{local}:admission:job:local:demo__demo-1:g0:s0"],
         "learner": lambda o: True,           # written by a running learner; none here
         "run-wide counters": lambda o: "jobs_failed" in o and "samples_dead_lettered" in o,
         "pool: envd nodes": lambda o: o.strip() == "",   # written by a running pool; none here

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,18 +164,30 @@ async def test_whole_loop_tiny_model(redis_url, envd_factory, pool_factory, cpu_
 async def test_max_staleness_zero_is_synchronous(redis_url, envd_factory, pool_factory, cpu_server_factory,
                                                  tiny_model_dir, test_image, tmp_path) -> None:
     """Scripted servers with a heavy-tailed latency profile; max_staleness 0, 4 actor slots, batch 4:
-    every version gets exactly one batch of rollouts, and the learner steps on that batch whole."""
+    every version gets exactly one batch of rollouts, and the learner steps on that batch whole.
+
+    One episode's first request fails (server 0 answers HTTP 500 once): its job goes back to the
+    queue behind the next version's jobs. It used to wait there forever: its admission slot went
+    back, the next version's jobs took every actor slot waiting for admission, and the batch
+    only ended at learner.group_timeout_s. The retry must run, and the batch complete, well
+    before that."""
     rows = [calc_row(test_image, n, "fix" if n % 2 else "wrong") for n in range(1, 5)]
     profile = json.dumps({"turns_median": 2, "turns_sigma": 0.5, "max_turns": 4,
                           "token_s_median": 0.01, "token_s_sigma": 0.75})
     servers = [cpu_server_factory.start_scripted(tiny_model_dir, rows, redis_url=redis_url, run_id="test",
                                                  api_key=KEY, server_id=f"scripted-{i}",
-                                                 extra_args=["--latency-profile", profile])
+                                                 extra_args=["--latency-profile", profile,
+                                                             "--fail-episodes", "1" if i == 0 else "0"])
                for i in range(2)]
     batch = 4
+    t0 = time.monotonic()
     o = await run_loop(tmp_path, redis_url, envd_factory, pool_factory, servers, tiny_model_dir, rows,
                        n=2, epochs=1, **{"actor.step_limit": 6, "admission.batch_size": batch,
-                                         "admission.max_staleness": 0})
+                                         "admission.max_staleness": 0, "learner.group_timeout_s": 600})
+    assert time.monotonic() - t0 < 300, "a batch waited for its group timeout"
+    async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        faults = (await http.get(f"{servers[0].url}/swarl/faults")).json()["failed"]
+    assert len(faults) == 1 and faults[0] in o.done, (faults, o.done)  # it failed, ran again, ended
     assert not o.failed, o.failed
     steps = await check_invariants(o, max_staleness=0)
     assert len(steps) == len(o.done) // batch  # every rollout trained: nothing stale, nothing left
