@@ -31,6 +31,7 @@ from typing import Literal
 import redis.asyncio as aioredis
 
 from broker.config import AdmissionConfig
+from broker.connection import reply
 from broker.keys import Keys
 
 # a group's reservation outlives any wait for its members; it only keeps Redis clean
@@ -255,10 +256,10 @@ class Admission:
 async def release_admitted(redis: aioredis.Redis, keys: Keys, job_id: str) -> None:
     """The slot a job's tries held goes back (if they held one): the job failed for good with no
     try left to do it (workers died on every one)."""
-    await redis.eval(Admission._RELEASE_JOB, 2, keys.admission_started, keys.admission_job(job_id))
+    await reply(redis.eval(Admission._RELEASE_JOB, 2, keys.admission_started, keys.admission_job(job_id)))
 
 
 async def register_groups(redis: aioredis.Redis, keys: Keys, sizes: dict[str, int]) -> None:
     """The enqueuer: each group's size, for `Admission.admissible` (admit takes it from the job)."""
     if sizes:
-        await redis.hset(keys.group_sizes, mapping=sizes)
+        await reply(redis.hset(keys.group_sizes, mapping=sizes))
