@@ -212,13 +212,7 @@ async def test_a_worker_takes_no_more_jobs_than_its_room(redis_url, keys):
         gate["slots"] = 3
         await _wait_for(lambda: _async(len(started) == 3), 20, "the other two once there is room")
     finally:
-        release.set()
-        await asyncio.sleep(0.3)
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        await worker.close()
-        await pool.aclose()
+        await _stop(worker, run, release, pool)
 
 
 async def test_a_worker_leaves_queued_the_jobs_admission_would_make_wait(redis_url, keys, aredis):
@@ -264,17 +258,22 @@ async def test_a_worker_leaves_queued_the_jobs_admission_would_make_wait(redis_u
         await aredis.set(cfg.keys.policy_current, 1)  # the next version opens the next batch
         await _wait_for(lambda: _async(len(started) == 4), 20, "the second group")
     finally:
-        release.set()
-        await asyncio.sleep(0.3)
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        await worker.close()
-        await pool.aclose()
+        await _stop(worker, run, release, pool)
 
 
 async def _async(value):
     return value
+
+
+async def _stop(worker, run: asyncio.Task, release: asyncio.Event, pool) -> None:
+    """Let the worker's jobs end, then stop it and close the pool."""
+    release.set()
+    await asyncio.sleep(0.3)
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    await worker.close()
+    await pool.aclose()
 
 
 async def test_a_job_no_try_finished_gives_its_admission_slot_back(redis_url, keys, aredis):
