@@ -95,6 +95,15 @@ def report_again(run_dir: Path) -> dict[str, Any]:
     return last_json(p.stdout, str(run_dir))
 
 
+def run_name(run_dir: Path) -> str:
+    """A run's label in the table: its latency seed (what sets its draws), else its directory."""
+    try:
+        seed = json.loads(json.loads((run_dir / "options.json").read_text())["profile"]).get("seed")
+    except (OSError, KeyError, TypeError, ValueError):
+        seed = None
+    return f"seed {seed}" if seed is not None else run_dir.name
+
+
 def row(name: str, s: dict[str, Any]) -> list[object]:
     lost = "/".join(str(s.get(f"episodes_abandoned_{k}_eta2", "-")) for k in ("stale", "group_closed"))
     return [name, s["samples_per_min_eta0"], s["samples_per_min_eta2"], s["speedup_eta2"],
@@ -130,20 +139,20 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[tuple[str, dict[str, Any]]] = []
     if o.dirs:
         for d in o.dirs:
-            runs.append((Path(d).name, report_again(Path(d))))
+            runs.append((run_name(Path(d)), report_again(Path(d))))
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         parent = Path(o.out or REPO / "runs").resolve() / f"async-vs-sync-repeats-{stamp}"
         for i in range(o.runs):
             t0 = time.monotonic()
             s = run_once(o, parent / f"run-{i}", seed=o.first_seed + i)
-            runs.append((f"run-{i}", s))
+            runs.append((f"seed {o.first_seed + i}", s))
             print(f"run {i + 1}/{o.runs}: speedup_eta2 {s['speedup_eta2']} of ideal {s['ideal_speedup']} "
                   f"= {s['speedup_eta2_vs_ideal']} ({(time.monotonic() - t0) / 60:.1f} min)",
                   file=sys.stderr, flush=True)
     ratios = [float(s["speedup_eta2_vs_ideal"]) for _, s in runs]
     across = summary_across(ratios)
-    headers = ["run", "samples/min eta0", "samples/min eta2", "speedup_eta2", "ideal", "of ideal",
+    headers = ["run (latency seed)", "samples/min eta0", "samples/min eta2", "speedup_eta2", "ideal", "of ideal",
                "of wall ideal", "episodes drawn", "max age eta2", "samples dropped stale / late",
                "episodes stopped stale / group closed"]
     table = markdown_table(headers, [row(n, s) for n, s in runs])
