@@ -312,14 +312,16 @@ class Coordinator:
                                              lease_s=self.cfg.lease_s)
                 async with asyncio.timeout(self.cfg.update_timeout_s):
                     result.bytes = await transport.load(s, client, target, payload)
-            got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
-            if transport.sets_version and str(got) != str(target):
-                raise RuntimeError(f"server reports weight_version {got!r} after the update, "
-                                   f"expected {target!r}")
-            note = ""
-            if s.id in self.meta_invalid:
-                note = f"loaded from disk, not over distributed: {s.meta_error or 'no meta'}"
-            await self.servers.set_state(s.id, "ready", version=target, error=note[:500])
+                # verified and ready before the next load starts: a server is "updating" (out of
+                # service) until then, and max_updating bounds those
+                got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
+                if transport.sets_version and str(got) != str(target):
+                    raise RuntimeError(f"server reports weight_version {got!r} after the update, "
+                                       f"expected {target!r}")
+                note = ""
+                if s.id in self.meta_invalid:
+                    note = f"loaded from disk, not over distributed: {s.meta_error or 'no meta'}"
+                await self.servers.set_state(s.id, "ready", version=target, error=note[:500])
             result.ok = True
             self.metrics["updates_ok"] += 1
             self.metrics["bytes_sent"] += result.bytes
