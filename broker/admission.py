@@ -32,7 +32,7 @@ import redis.asyncio as aioredis
 
 from broker.config import AdmissionConfig
 from broker.connection import reply
-from broker.keys import Keys
+from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 
 # a group's reservation outlives any wait for its members; it only keeps Redis clean
 GROUP_TTL_S = 24 * 3600
@@ -56,6 +56,16 @@ local function capacity(current, per_version, max_staleness, batch_size)
   return (tonumber(max_staleness) + tonumber(redis.call('GET', current) or '0') + 1) * per, per
 end
 """
+# A job's slot goes back once: only while its record exists (shared by admit and release_job).
+_GIVE_BACK = """
+local function give_back(started, record)
+  if redis.call('DEL', record) == 0 then return 0 end
+  if tonumber(redis.call('GET', started) or '0') > 0 then redis.call('DECR', started) end
+  return 1
+end
+"""
+# KEYS: started, the job's record.
+_RELEASE_JOB = _GIVE_BACK + "return give_back(KEYS[1], KEYS[2])"
 Admitted = Literal["started", "wait", "closed"]
 _OUTCOME: dict[int, Admitted] = {1: "started", 0: "wait", -1: "closed"}
 
@@ -67,13 +77,12 @@ class Admission:
     # closed meanwhile that slot goes back. A closed group's members never start (-1, checked in
     # the same call so a waiting actor polls once). A reservation left for the group is used
     # first.
-    _ADMIT = _DECIDE + """
+    _ADMIT = _DECIDE + _GIVE_BACK + """
     local grouped, has_job = ARGV[6] == '1', ARGV[7] == '1'
     local closed = grouped and ARGV[1] == '1' and redis.call('EXISTS', KEYS[5]) == 1
     if has_job and redis.call('EXISTS', KEYS[6]) == 1 then
       if not closed then return 1 end
-      redis.call('DEL', KEYS[6])
-      if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+      give_back(KEYS[1], KEYS[6])
       return -1
     end
     if closed then return -1 end
@@ -92,17 +101,18 @@ class Admission:
     return 1
     """
     # KEYS: started, current, per_version, group sizes, then per candidate its group's
-    # reservation, closed mark and its own record; ARGV: unless_closed, max_staleness,
-    # batch_size, how many to find, how many of the candidates lead as already taken, then per
-    # candidate its group id ('' if none). Which candidates (1-based, not counting the taken
-    # ones) admit would start now, in order, each one counted as started for those after it.
-    # Nothing is written.
+    # reservation, closed mark, its own record and arq's in-progress mark; ARGV: unless_closed,
+    # max_staleness, batch_size, how many to find, how many of the candidates lead as already
+    # taken, then per candidate its group id ('' if none). Which candidates (1-based, not
+    # counting the taken ones) admit would start now, in order, each one counted as started for
+    # those after it. A candidate another worker runs (arq keeps it queued until it ends) is
+    # counted like a taken one and never answered: arq's claim would skip it. Nothing is written.
     _ADMISSIBLE = _DECIDE + """
     local started = tonumber(redis.call('GET', KEYS[1]) or '0')
     local cap, per = capacity(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
     local want, taken, found, lefts = tonumber(ARGV[4]), tonumber(ARGV[5]), {}, {}
     for c = 0, #ARGV - 6 do
-      local gid, k = ARGV[6 + c], 5 + 3 * c
+      local gid, k = ARGV[6 + c], 5 + 4 * c
       local ok = redis.call('EXISTS', KEYS[k + 2]) == 1
         or (gid ~= '' and ARGV[1] == '1' and redis.call('EXISTS', KEYS[k + 1]) == 1)
       if not ok then
@@ -117,18 +127,12 @@ class Admission:
           if gid ~= '' then lefts[gid] = after end
         end
       end
-      if ok and c >= taken then
+      if ok and c >= taken and redis.call('EXISTS', KEYS[k + 3]) == 0 then
         found[#found + 1] = c - taken + 1
         if #found >= want then break end
       end
     end
     return found
-    """
-    # KEYS: started, the job's record. Its slot goes back once, however often this is called.
-    _RELEASE_JOB = """
-    if redis.call('DEL', KEYS[2]) == 0 then return 0 end
-    if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
-    return 1
     """
     # KEYS: started, the group's reservation, its closed mark; ARGV: ttl. The slots of members
     # that never started go back.
@@ -153,7 +157,6 @@ class Admission:
         self.redis, self.keys, self.cfg = redis, keys, cfg
         self._admit = redis.register_script(self._ADMIT)
         self._admissible = redis.register_script(self._ADMISSIBLE)
-        self._release_job = redis.register_script(self._RELEASE_JOB)
         self._release = redis.register_script(self._RELEASE)
         self._forfeit = redis.register_script(self._FORFEIT)
 
@@ -167,10 +170,16 @@ class Admission:
         and the learner has closed `group_id`; "wait": no slot free yet. With `job_id` the job
         keeps its slot until `release_job` or `finished`, across its tries (see above)."""
         closed = self.keys.admission_closed(group_id or "")
-        if not self.cfg.enabled:
+        if not self.cfg.enabled:  # no bound: `started` is only a count (records as below)
             if unless_closed and group_id is not None and await self.redis.exists(closed):
                 return "closed"
-            await self.redis.incr(self.keys.admission_started)
+            if job_id is not None and await self.redis.exists(self.keys.admission_job(job_id)):
+                return "started"
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.incr(self.keys.admission_started)
+            if job_id is not None:
+                pipe.set(self.keys.admission_job(job_id), 1, ex=GROUP_TTL_S)
+            await pipe.execute()
             return "started"
         got = await self._admit(
             keys=[self.keys.admission_started, self.keys.policy_current, self.keys.admission_per_version,
@@ -187,31 +196,34 @@ class Admission:
         takes from the queue only jobs that can start, so none holds a job that waits while
         another could run (at max_staleness 0 a retried member of the batch would otherwise find
         every actor slot held by next-version jobs waiting for admission). `taken`: jobs the
-        caller took that have not asked `admit` yet, counted first. A group's size is the one
-        `register_groups` recorded at enqueue (1 if none). Indices into `jobs`."""
+        caller took that have not asked `admit` yet, counted first (and never answered, should
+        they still be queued). Jobs another worker runs are counted where they stand and not
+        answered (arq would not hand them out), so one call finds jobs this worker can claim. A
+        group's size is the one `register_groups` recorded at enqueue (1 if none). Indices into
+        `jobs`."""
         if want <= 0 or not jobs:
             return []
         if not self.cfg.enabled:
             return list(range(min(want, len(jobs))))
-        every = [*(taken or []), *jobs]
+        taken = taken or []
+        # the caller's own jobs are still queued (arq drops a job when it ends): counted once
+        mine = {job_id for job_id, _ in taken}
+        queued = [i for i, (job_id, _) in enumerate(jobs) if job_id not in mine]
+        every = [*taken, *(jobs[i] for i in queued)]
         keys = [self.keys.admission_started, self.keys.policy_current, self.keys.admission_per_version,
                 self.keys.group_sizes]
         for job_id, g in every:
             keys += [self.keys.admission_group(g or ""), self.keys.admission_closed(g or ""),
-                     self.keys.admission_job(job_id)]
+                     self.keys.admission_job(job_id), ARQ_IN_PROGRESS_PREFIX + job_id]
         found = await self._admissible(keys=keys, args=[
             "1" if unless_closed else "0", self.cfg.max_staleness, self.cfg.batch_size, want,
-            len(every) - len(jobs), *(g or "" for _, g in every)])
-        return [int(i) - 1 for i in found]
+            len(taken), *(g or "" for _, g in every)])
+        return [queued[int(i) - 1] for i in found]
 
     async def release_job(self, job_id: str) -> bool:
         """The job ended without trainable samples and will not run again (or its group was
         closed): its slot goes back, once (False: it held none)."""
-        if not self.cfg.enabled:  # no records: `started` is only a count
-            await self.release()
-            return True
-        return bool(await self._release_job(keys=[self.keys.admission_started,
-                                                  self.keys.admission_job(job_id)]))
+        return await release_admitted(self.redis, self.keys, job_id)
 
     async def finished(self, job_id: str) -> None:
         """The job's samples were written: its slot stays taken; its record is dropped."""
@@ -253,10 +265,11 @@ class Admission:
                 "free": max(0, cap - started_i)}
 
 
-async def release_admitted(redis: aioredis.Redis, keys: Keys, job_id: str) -> None:
-    """The slot a job's tries held goes back (if they held one): the job failed for good with no
-    try left to do it (workers died on every one)."""
-    await reply(redis.eval(Admission._RELEASE_JOB, 2, keys.admission_started, keys.admission_job(job_id)))
+async def release_admitted(redis: aioredis.Redis, keys: Keys, job_id: str) -> bool:
+    """The slot a job's tries held goes back, once (False: it held none): `Admission.release_job`,
+    for a caller without an admission config (the arq wrapper, for a job whose every try died
+    with its worker)."""
+    return bool(await reply(redis.eval(_RELEASE_JOB, 2, keys.admission_started, keys.admission_job(job_id))))
 
 
 async def register_groups(redis: aioredis.Redis, keys: Keys, sizes: dict[str, int]) -> None:

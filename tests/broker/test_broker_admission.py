@@ -3,6 +3,7 @@ import asyncio
 from broker.admission import Admission
 from broker.config import AdmissionConfig
 from broker.connection import connect
+from broker.keys import ARQ_IN_PROGRESS_PREFIX
 
 
 async def test_fifty_concurrent_claimers_never_overshoot(redis_url, keys):
@@ -171,9 +172,11 @@ async def test_a_job_keeps_its_slot_across_its_tries(aredis, keys):
     assert await a.admit("S", 1, unless_closed=True, job_id="s0") == "closed"
     assert (await a.capacity())["started"] == 3
     assert not await a.release_job("s0")
-    # with admission off there are no records: `started` is a count
+    # with admission off `started` is only a count, kept by the same records
     off = Admission(aredis, keys, AdmissionConfig(enabled=False))
-    assert await off.admit("D", 1, job_id="d0") == "started" and await off.release_job("d0")
+    assert await off.admit("D", 1, job_id="d0") == "started" and await off.admit("D", 1, job_id="d0") == "started"
+    assert (await a.capacity())["started"] == 4
+    assert await off.release_job("d0") and not await off.release_job("d0")
     assert (await a.capacity())["started"] == 3
 
 
@@ -205,4 +208,11 @@ async def test_admissible_picks_the_queued_jobs_that_can_start_now(aredis, keys)
     assert await a.admissible(q("D", "S", "E", "F", "E"), 5) == [0, 1, 2, 4]
     off = Admission(aredis, keys, AdmissionConfig(enabled=False))
     assert await off.admissible(q("C", "S", "A"), 2) == [0, 1]
+    await aredis.set(keys.policy_current, 2)  # eight free slots from here
+    assert await a.admissible(q("E", "F", "F", "G"), 5) == [0, 1, 2, 3]
+    # another worker runs F1 (arq keeps it queued till it ends): it is counted, not answered
+    await aredis.set(ARQ_IN_PROGRESS_PREFIX + "F1", 1)
+    assert await a.admissible(q("E", "F", "F", "G"), 5) == [0, 2, 3]
+    # this worker's own job, taken and queued still, is counted once (as taken)
+    assert await a.admissible(q("G", "G", "G"), 9, taken=[("G1", "G"), ("x", None)]) == [0, 2]
     assert await a.admissible([], 3) == [] and await a.admissible(q("S"), 0) == []
