@@ -308,20 +308,24 @@ class Coordinator:
                         payload, target = await self._prepare(transport, newest), newest
                 result.version = target
                 self.in_flight[s.id] = target  # from now on this version is in use
-                await self.servers.set_state(s.id, "updating", version=s.version,
-                                             lease_s=self.cfg.lease_s)
-                async with asyncio.timeout(self.cfg.update_timeout_s):
-                    result.bytes = await transport.load(s, client, target, payload)
-                # verified and ready before the next load starts: a server is "updating" (out of
-                # service) until then, and max_updating bounds those
-                got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
-                if transport.sets_version and str(got) != str(target):
-                    raise RuntimeError(f"server reports weight_version {got!r} after the update, "
-                                       f"expected {target!r}")
-                note = ""
-                if s.id in self.meta_invalid:
-                    note = f"loaded from disk, not over distributed: {s.meta_error or 'no meta'}"
-                await self.servers.set_state(s.id, "ready", version=target, error=note[:500])
+                # verified and "ready" (or marked failed) before the next load starts: a server
+                # is "updating" (out of service) until then, and max_updating bounds those
+                try:
+                    await self.servers.set_state(s.id, "updating", version=s.version,
+                                                 lease_s=self.cfg.lease_s)
+                    async with asyncio.timeout(self.cfg.update_timeout_s):
+                        result.bytes = await transport.load(s, client, target, payload)
+                    got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
+                    if transport.sets_version and str(got) != str(target):
+                        raise RuntimeError(f"server reports weight_version {got!r} after the update, "
+                                           f"expected {target!r}")
+                    note = ""
+                    if s.id in self.meta_invalid:
+                        note = f"loaded from disk, not over distributed: {s.meta_error or 'no meta'}"
+                    await self.servers.set_state(s.id, "ready", version=target, error=note[:500])
+                except Exception as e:
+                    await self._failed(s, transport, target, serving, result, e)
+                    return
             result.ok = True
             self.metrics["updates_ok"] += 1
             self.metrics["bytes_sent"] += result.bytes
@@ -332,15 +336,8 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.servers.set_state(s.id, "ready", version=s.version))
             raise
-        except Exception as e:
-            result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            self.failed_at[(s.id, target)] = time.monotonic()
-            self.metrics["updates_failed"] += 1
-            await transport.forget(s.id)  # e.g. a broken group: made again at the next update
-            # The server said it kept its old weights: it may serve them again.
-            back = "ready" if isinstance(e, ServerRefused) and serving else "failed"
-            with contextlib.suppress(Exception):
-                await self.servers.set_state(s.id, back, version=s.version, error=result.error[:500])
+        except Exception as e:  # while draining (the load's own failures are handled in its slot)
+            await self._failed(s, transport, target, serving, result, e)
         finally:
             done.set()  # stopped by the event, not cancel(): see broker.tasks._renew_claim
             with contextlib.suppress(BaseException):
@@ -353,6 +350,22 @@ class Coordinator:
                 self.history.append(result)
                 await self._record(result)
             self._wake.set()
+
+    async def _failed(self, s: ServerInfo, transport: Transport[Any], target: int, serving: bool,
+                      result: UpdateResult, e: Exception) -> None:
+        """An update of `s` to `target` failed: remembered (tried again after retry_failed_s),
+        and the server leaves "draining"/"updating" at its old version."""
+        result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        self.failed_at[(s.id, target)] = time.monotonic()
+        self.metrics["updates_failed"] += 1
+        try:
+            await transport.forget(s.id)  # e.g. a broken group: made again at the next update
+        except Exception as fe:  # the server's state below matters more
+            log.warning("transport_forget_failed", server=s.id, error=repr(fe))
+        # The server said it kept its old weights: it may serve them again.
+        back = "ready" if isinstance(e, ServerRefused) and serving else "failed"
+        with contextlib.suppress(Exception):
+            await self.servers.set_state(s.id, back, version=s.version, error=result.error[:500])
 
     async def _keep_lease(self, sid: str, done: asyncio.Event) -> None:
         """Renew the draining/updating lease until the update ends (a state without a lease,

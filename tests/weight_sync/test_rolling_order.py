@@ -14,6 +14,7 @@ import asyncio
 from ws_helpers import all_at, learner_tensors, wait_for
 
 from broker.registry import ServerRegistry
+from weight_sync.transports.disk import DiskTransport
 
 
 async def _sample_states(registry: ServerRegistry, stop: asyncio.Event, seen: list[list[str]]) -> None:
@@ -75,3 +76,44 @@ async def _at(registry: ServerRegistry, version: int, n: int) -> list:
 async def _state(registry: ServerRegistry, sid: str, state: str) -> bool:
     s = await registry.get(sid)
     return s is not None and s.state == state
+
+
+async def test_failed_loads_also_keep_to_max_updating(ws_cfg, aredis, keys, start_servers,
+                                                      publisher_factory, tiny_model_dir, monkeypatch):
+    """A load that fails leaves its server out of service until it is marked back, inside the load
+    slot: the next server's load waits for that (before, the failure path left the slot first,
+    and with a slow transport cleanup two servers showed "updating" at max_updating 1)."""
+    forget = DiskTransport.forget
+
+    async def slow_forget(self: DiskTransport, server_id: str) -> None:
+        await asyncio.sleep(2)  # e.g. tearing down a broken broadcast group
+        await forget(self, server_id)
+
+    monkeypatch.setattr(DiskTransport, "forget", slow_forget)
+    ws = ws_cfg.weight_sync
+    ws.wait_rollout, ws.retry_failed_s = False, 60  # no retry while we look
+    registry = ServerRegistry(aredis, keys)
+    pub = publisher_factory(ws_cfg)
+    # verifies as a checkpoint, but no server can load it (wrong shapes): each one refuses
+    bad = [(n, t[..., :1].contiguous()) for n, t in learner_tensors(tiny_model_dir, 1)]
+    await pub.publish(1, 1, lambda: iter(bad))
+    stop = asyncio.Event()
+    states: list[list[str]] = []
+    sampler = asyncio.create_task(_sample_states(registry, stop, states))
+    try:
+        # they join behind the current version ("starting", not serving): nothing to drain, so
+        # only the load slot keeps their loads apart
+        await asyncio.gather(*(asyncio.to_thread(start_servers, 1) for _ in range(3)))
+        await wait_for(lambda: _tried(pub, 3), 90, "three failed loads")
+    finally:
+        stop.set()
+        await sampler
+    history = pub.coordinator.history()
+    assert len(history) == 3 and all(not r.ok and r.version == 1 for r in history), history
+    servers = await registry.list(alive_only=True)
+    assert [(s.state, s.version) for s in servers] == [("failed", 0)] * 3, servers
+    assert states and max(st.count("updating") for st in states) <= 1
+
+
+async def _tried(pub, n: int) -> bool:
+    return len(pub.coordinator.history()) >= n
