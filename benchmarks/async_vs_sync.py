@@ -491,6 +491,8 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         times = r.get("episode_times") or {}
         if times:
             summary[f"episode_wall_s_{tag}"] = round(times["wall_mean_s"], 2)
+            if "eval_s" in times:  # container work: the machine's share, apart from the policy's
+                summary[f"grading_s_{tag}"] = round(times["eval_s"], 2)
         if "slot_s_per_episode" in r:
             summary[f"slot_s_per_episode_{tag}"] = round(r["slot_s_per_episode"], 2)
         for k, v in (r.get("episodes") or {}).items():

@@ -96,18 +96,23 @@ def report_again(run_dir: Path) -> dict[str, Any]:
 
 
 def run_name(run_dir: Path) -> str:
-    """A run's label in the table: its latency seed (what sets its draws), else its directory."""
+    """A run's label in the table: its latency seed (what sets its draws) and when its batch of
+    runs started (a seed may be run again), else its directory."""
     try:
         seed = json.loads(json.loads((run_dir / "options.json").read_text())["profile"]).get("seed")
     except (OSError, KeyError, TypeError, ValueError):
         seed = None
-    return f"seed {seed}" if seed is not None else run_dir.name
+    stamp = run_dir.resolve().parent.name.removeprefix("async-vs-sync-repeats-")
+    if seed is None:
+        return run_dir.name
+    return f"seed {seed} ({stamp})" if stamp[:8].isdigit() else f"seed {seed}"
 
 
 def row(name: str, s: dict[str, Any]) -> list[object]:
     lost = "/".join(str(s.get(f"episodes_abandoned_{k}_eta2", "-")) for k in ("stale", "group_closed"))
     return [name, s["samples_per_min_eta0"], s["samples_per_min_eta2"], s["speedup_eta2"],
             s["ideal_speedup"], s["speedup_eta2_vs_ideal"], s.get("speedup_eta2_vs_episode_wall_ideal", ""),
+            f"{s.get('grading_s_eta0', '-')} / {s.get('grading_s_eta2', '-')}",
             s.get("episodes_drawn", ""), s["max_staleness_seen_eta2"],
             f"{s.get('stale_dropped_eta2', '-')}/{s.get('late_dropped_eta2', '-')}", lost]
 
@@ -146,14 +151,14 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(o.runs):
             t0 = time.monotonic()
             s = run_once(o, parent / f"run-{i}", seed=o.first_seed + i)
-            runs.append((f"seed {o.first_seed + i}", s))
+            runs.append((run_name(parent / f"run-{i}"), s))
             print(f"run {i + 1}/{o.runs}: speedup_eta2 {s['speedup_eta2']} of ideal {s['ideal_speedup']} "
                   f"= {s['speedup_eta2_vs_ideal']} ({(time.monotonic() - t0) / 60:.1f} min)",
                   file=sys.stderr, flush=True)
     ratios = [float(s["speedup_eta2_vs_ideal"]) for _, s in runs]
     across = summary_across(ratios)
     headers = ["run (latency seed)", "samples/min eta0", "samples/min eta2", "speedup_eta2", "ideal", "of ideal",
-               "of wall ideal", "episodes drawn", "max age eta2", "samples dropped stale / late",
+               "of wall ideal", "grading s/episode eta0 / eta2", "episodes drawn", "max age eta2", "samples dropped stale / late",
                "episodes stopped stale / group closed"]
     table = markdown_table(headers, [row(n, s) for n, s in runs])
     summary = {"runs": len(runs), "speedup_eta2_vs_ideal_mean": across["mean"],
