@@ -54,6 +54,13 @@ class Keys:
         return f"{self.base}:jobs:failed"
 
     @property
+    def jobs_retrying(self) -> str:
+        """Sorted set job_id -> when its next try is due (ms): jobs swarl sent back with arq's
+        Retry. arq's retry moves a job to the back of the queue, past the ids a worker reads in one
+        poll (its queue_read_limit); workers look at these first (broker.tasks.SwarlWorker)."""
+        return f"{self.base}:jobs:retrying"
+
+    @property
     def jobs_done(self) -> str:
         """Set of job ids whose samples reached the replay stream."""
         return f"{self.base}:jobs:done"

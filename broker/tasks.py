@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
+from arq.utils import timestamp_ms
 from arq.worker import Retry, Worker, func, get_kwargs
 from redis.exceptions import RedisError
 
@@ -112,19 +113,38 @@ class SwarlWorker(Worker):
     """
 
     def __init__(self, *args: Any, room: Callable[[Worker], int] | None = None,
-                 admissible: Admissible | None = None, **kwargs: Any) -> None:
+                 admissible: Admissible | None = None, retrying: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._room, self._admissible = room, admissible
+        self._room, self._admissible, self._retrying = room, admissible, retrying
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's, taking no more jobs than `room(worker)` allows at the moment (besides arq's own
         max_jobs), and of the queue's jobs only those `admissible(worker, ids, n)` picks (indices, in
         order): an actor takes a job only when it can start generating it, so another actor
         with a free slot is not left waiting while this one holds jobs it cannot start, and a
-        job that may start now is not left in the queue behind ones that must wait."""
-        if self._room is None:
-            return await super().start_jobs(job_ids)
+        job that may start now is not left in the queue behind ones that must wait.
+
+        Jobs due for a retry (`retrying`, Keys.jobs_retrying) come first: arq's retry put them at
+        the back of the queue, out of the ids one poll reads, and at max_staleness 0 a retried
+        member of the batch is the one job that can start (found in a benchmark: 3800 queued
+        jobs, the retry never read again, the run stood still)."""
         ids = list(job_ids)
+        if self._retrying is not None and self.allow_pick_jobs:
+            due = await self.pool.zrangebyscore(self._retrying, min=float("-inf"), max=timestamp_ms(),
+                                                start=0, num=self.queue_read_limit)
+            if due:
+                pipe = self.pool.pipeline(transaction=False)
+                for j in due:
+                    pipe.zscore(self.queue_name, j)
+                queued = await pipe.execute()
+                gone = [j for j, sc in zip(due, queued, strict=True) if sc is None]
+                if gone:  # ended meanwhile (or the queue was cleared): never to run again
+                    await self.pool.zrem(self._retrying, *gone)
+                due = [j for j, sc in zip(due, queued, strict=True) if sc is not None]
+                first = set(due)
+                ids = [*due, *(i for i in ids if i not in first)]
+        if self._room is None:
+            return await super().start_jobs(ids)
         while ids:
             n = self._room(self)
             if n <= 0:
@@ -255,8 +275,8 @@ async def _renew_claim(redis: aioredis.Redis, job_id: str, ttl_ms: int, every_s:
 
 
 def create_worker(settings: type, **kwargs: Any) -> SwarlWorker:
-    """arq's create_worker, building a SwarlWorker."""
-    return SwarlWorker(**{**get_kwargs(settings), **kwargs})
+    """arq's create_worker, building a SwarlWorker (that reads the settings' retrying key)."""
+    return SwarlWorker(**{**get_kwargs(settings), "retrying": getattr(settings, "retrying", None), **kwargs})
 
 
 def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout, on_startup: Any = None,
@@ -276,6 +296,7 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
                                  "(worker killed or lost)", job_try - 1)
             await release_admitted(redis, keys, job_id)  # the slot its dead tries held
             return {"failed": True}
+        await reply(redis.zrem(keys.jobs_retrying, job_id))  # this try is the retry
         if await reply(redis.sismember(keys.jobs_done, job_id)):  # an earlier try wrote its samples
             return {"skipped": "already done"}
         stop_renewing = asyncio.Event()
@@ -295,7 +316,9 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
                 await record_failure(redis, keys, job_id, reason, job_try)
                 return {"failed": True, "reason": reason}
             log.warning("job_retry", job_id=job_id, job_try=job_try, reason=reason)
-            raise Retry(defer=min(30.0, 2.0 ** job_try)) from e
+            defer = min(30.0, 2.0 ** job_try)
+            await reply(redis.zadd(keys.jobs_retrying, {job_id: timestamp_ms() + int(defer * 1000)}))
+            raise Retry(defer=defer) from e
         finally:
             stop_renewing.set()
             with contextlib.suppress(asyncio.CancelledError):
@@ -318,5 +341,6 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
         "on_startup": on_startup,
         "on_shutdown": on_shutdown,
         "health_check_interval": 30,
+        "retrying": keys.jobs_retrying,  # not arq's: create_worker hands it to SwarlWorker
     }
     return type("SwarlWorkerSettings", (), attrs)

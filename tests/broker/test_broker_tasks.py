@@ -261,6 +261,46 @@ async def test_a_worker_leaves_queued_the_jobs_admission_would_make_wait(redis_u
         await _stop(worker, run, release, pool)
 
 
+async def test_a_retried_job_is_read_again_however_long_the_queue(redis_url, keys, aredis):
+    """arq's retry puts a job at the back of the queue, past the ids one poll reads
+    (queue_read_limit): at max_staleness 0, with every job read waiting for admission, the retried
+    member of the batch was never read again and the run stood still (benchmark, 3800 queued
+    jobs). Workers look at the jobs due for a retry first."""
+    from broker.tasks import create_worker, worker_settings
+    from swarl.config import load_config
+
+    cfg = load_config(None, [f"redis.url={redis_url}", "run.id=test", "queue.poll_delay_s=0.05",
+                             "queue.max_tries=2"], environ={})
+    first = cfg.keys.job_id("demo__calc-0", 0, 0)
+    tries: list[int] = []
+    release = asyncio.Event()
+
+    async def rollout(ctx, payload):
+        if ctx["job_id"] == first:
+            tries.append(ctx["job_try"])
+            if ctx["job_try"] == 1:
+                raise RuntimeError("envd answered 502")
+        return {}
+
+    async def admissible(w, job_ids, want):  # the others wait for the batch `first` belongs to
+        return [i for i, j in enumerate(job_ids) if j == first][:want]
+
+    worker = create_worker(worker_settings(cfg.queue, cfg.keys, redis_url, rollout, max_jobs=4),
+                           handle_signals=False, queue_read_limit=3,
+                           room=lambda w: 4 - w.job_counter, admissible=admissible)
+    pool = await arq_pool(redis_url)
+    run = asyncio.create_task(worker.async_run())
+    rows = [{**ROW, "instance_id": f"demo__calc-{i}"} for i in range(6)]
+    try:
+        await enqueue_jobs(pool, cfg.keys, [j for r in rows for j in jobs_for(cfg.keys, r, "t", 2)])
+        await _wait_for(lambda: _async(tries == [1, 2]), 20, "the retried job's second try")
+        await _wait_for(lambda: aredis.sismember(cfg.keys.jobs_done, first), 10, "the retried job done")
+        assert await aredis.zcard(cfg.keys.jobs_retrying) == 0  # taken off when its try began
+        assert await pool.zcard(cfg.keys.queue) == 11  # the others stay queued
+    finally:
+        await _stop(worker, run, release, pool)
+
+
 async def _async(value):
     return value
 
