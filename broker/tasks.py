@@ -296,7 +296,8 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
                                  "(worker killed or lost)", job_try - 1)
             await release_admitted(redis, keys, job_id)  # the slot its dead tries held
             return {"failed": True}
-        await reply(redis.zrem(keys.jobs_retrying, job_id))  # this try is the retry
+        with contextlib.suppress(RedisError):  # best effort: a stale entry is dropped by a poll
+            await reply(redis.zrem(keys.jobs_retrying, job_id))  # this try is the retry
         if await reply(redis.sismember(keys.jobs_done, job_id)):  # an earlier try wrote its samples
             return {"skipped": "already done"}
         stop_renewing = asyncio.Event()
@@ -317,7 +318,8 @@ def worker_settings(q: QueueConfig, keys: Keys, redis_url: str, rollout: Rollout
                 return {"failed": True, "reason": reason}
             log.warning("job_retry", job_id=job_id, job_try=job_try, reason=reason)
             defer = min(30.0, 2.0 ** job_try)
-            await reply(redis.zadd(keys.jobs_retrying, {job_id: timestamp_ms() + int(defer * 1000)}))
+            with contextlib.suppress(RedisError):  # the retry must not be lost for its priority
+                await reply(redis.zadd(keys.jobs_retrying, {job_id: timestamp_ms() + int(defer * 1000)}))
             raise Retry(defer=defer) from e
         finally:
             stop_renewing.set()
