@@ -104,6 +104,12 @@ class ActorConfig(Section):
     compact_filtering: bool = Field(
         default=False, description="Mask (exclude from loss and group statistics) the samples of "
         "episodes that hit the step, context or time limit: a cut-off attempt is not judged.")
+    slime_infra_tries: int = Field(
+        default=3, ge=1, description="slime plug-in (actors.slime_entry): tries of one sample that "
+        "fail for infrastructure. slime's fully-async rollout puts a group with an ABORTED sample "
+        "back in its queue, so each failed try but the last answers ABORTED (slime runs it again); "
+        "the last answers FAILED with remove_sample, which slime trains as nothing and does not "
+        "requeue: a task that keeps failing cannot loop forever.")
     cwd: str = Field(default="/testbed", description="Working directory of commands in the container.")
     exec_env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_EXEC_ENV),
                                      description="Environment of every command.")

@@ -14,9 +14,13 @@ a bad one is a ValueError naming the field) against the SGLang router
   non_generation_time, metadata["swarl"] (reward, resolved, ending, metrics, patch);
 - a masked episode (actor.compact_filtering, or no step at all): remove_sample=True, so slime
   zeroes its loss mask;
-- an infrastructure failure (pool, envd, server, evaluation timeout): remove_sample=True, status
-  ABORTED, and a placeholder of two tokens whose one-token response has loss mask 0 and logprob
-  0.0, the shape slime drops without training on it.
+- an infrastructure failure (pool, envd, server, evaluation timeout): remove_sample=True, a
+  placeholder of two tokens whose one-token response has loss mask 0 and logprob 0.0 (the shape
+  slime drops without training on it), and status ABORTED while tries are left
+  (`actor.slime_infra_tries`, counted in metadata["swarl"]["infra_tries"] on the sample): slime's
+  fully-async rollout (slime/rollout/fully_async_rollout.py) puts a group with an ABORTED sample
+  back in its data buffer and runs the ABORTED ones again. The last try answers FAILED, which
+  slime neither requeues nor trains (remove_sample), so a task that keeps failing ends.
 slime still counts removed samples in the group's reward normalisation, so a removed sample's own
 reward is never used: `reward_func` on a group (`--group-rm`) gives it the mean reward of the
 group's kept samples (the group mean is unchanged, its advantage is 0); on one sample, 0.0.
@@ -89,15 +93,18 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     try:
         ep = await episodes.run(job, policy, None, meta={"server": url})
     except InfraError as e:
-        log.warning("slime_episode_infra_failure", job_id=job.job_id, reason=e.reason,
-                    detail=e.detail[:300])
+        tries = _infra_tries(meta) + 1
+        final = tries >= cfg.slime_infra_tries
+        log.warning("slime_episode_infra_failure", job_id=job.job_id, reason=e.reason, tries=tries,
+                    final=final, detail=e.detail[:300])
         _placeholder(sample)
-        sample.status = type(sample).Status.ABORTED
+        status = type(sample).Status
+        sample.status = status.FAILED if final else status.ABORTED
         sample.remove_sample = True
         sample.reward = 0.0
         sample.metadata = {**meta, "swarl": {"reward": 0.0, "masked": True,
                                              "mask_reason": f"infra:{e.reason}",
-                                             "error": e.detail[:500]}}
+                                             "error": e.detail[:500], "infra_tries": tries}}
         return sample
     finally:
         await policy.aclose()
@@ -121,9 +128,16 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     sample.metadata = {**meta, "swarl": {
         "reward": ep.reward, "resolved": ep.resolved, "ending": ep.agent.ending,
         "masked": ep.masked, "mask_reason": ep.mask_reason, "metrics": ep.metrics,
-        "patch": ep.agent.patch}}
+        "patch": ep.agent.patch, "infra_tries": _infra_tries(meta)}}
     sample.reward = 0.0 if ep.masked else ep.reward
     return sample
+
+
+def _infra_tries(meta: dict[str, Any]) -> int:
+    """Failed tries of this sample so far (slime hands the same Sample back after ABORTED)."""
+    info = meta.get("swarl")
+    n = info.get("infra_tries", 0) if isinstance(info, dict) else 0
+    return n if isinstance(n, int) and n >= 0 else 0
 
 
 def _placeholder(sample: Any) -> None:

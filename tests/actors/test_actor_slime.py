@@ -108,7 +108,8 @@ def check_contract(s: Sample) -> None:
     """Every field holds what its annotation says, and the lengths slime asserts agree."""
     for f in dataclasses.fields(Sample):
         assert _conforms(getattr(s, f.name), f.type), (f.name, getattr(s, f.name))
-    assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED)
+    assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED,
+                        Sample.Status.FAILED)
     assert 1 <= s.response_length < len(s.tokens)          # a prompt, and a response to mask
     assert s.loss_mask is not None and s.rollout_log_probs is not None
     assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
@@ -198,3 +199,35 @@ async def test_generate_names_bad_input(tiny_model_dir, monkeypatch):
         await generate(args, Sample(metadata={"instance": row}), {})
     with pytest.raises(ValueError, match="FAIL_TO_PASS"):
         await generate(args, Sample(metadata={"instance": {**row, "FAIL_TO_PASS": 3}}), {})
+
+
+async def test_an_infra_failure_is_tried_again_by_slime_then_given_up(tiny_model_dir, tmp_path):
+    """slime's fully-async rollout (slime/rollout/fully_async_rollout.py at the commit above,
+    AsyncRolloutWorker._make_done_cb) puts a group with an ABORTED sample back in its data buffer,
+    and generate_and_rm runs its samples again, skipping COMPLETED/TRUNCATED ones. A task whose
+    infrastructure always fails must not loop forever: ABORTED while tries are left, then FAILED
+    (removed), which that loop ships instead of requeueing."""
+    cfg = tmp_path / "swarl.yaml"
+    cfg.write_text(yaml.safe_dump({"actor": {"slime_infra_tries": 3, "allocate_wait_s": 2}}))
+    args = types.SimpleNamespace(hf_checkpoint=str(tiny_model_dir), sglang_router_ip="127.0.0.1",
+                                 sglang_router_port=9, swarl_pool_url="http://127.0.0.1:9",
+                                 swarl_config=str(cfg))
+    row = {"instance_id": "a__b-1", "repo": "a/b", "problem_statement": "x", "FAIL_TO_PASS": ["t"],
+           "PASS_TO_PASS": [], "eval_script": "true", "image_name": "i:1"}
+    group = [Sample(group_index=0, index=0, metadata={"instance": row})]
+    requeued = 0
+    while True:  # the worker's loop: run what is not done, requeue while any sample is ABORTED
+        for i, s in enumerate(group):
+            if s.status not in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):
+                group[i] = await generate(args, s, {"max_new_tokens": 8})
+                check_contract(group[i])
+        if not any(s.status == Sample.Status.ABORTED for s in group):
+            break
+        requeued += 1
+        assert requeued < 10, "slime would requeue this group forever"
+    assert requeued == 2
+    for s in group:
+        assert s.status == Sample.Status.FAILED and s.remove_sample and s.reward == 0.0
+        assert s.metadata["swarl"]["infra_tries"] == 3
+        assert s.metadata["swarl"]["mask_reason"].startswith("infra:")
+    assert await reward_func(args, group) == [0.0]
