@@ -16,6 +16,7 @@ run as padded rows: the same slots in the same order, so the loss is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,9 @@ class MegatronBackend:
         with maybe_cpu_standins():
             self.model = build_gpt(self.arch, cfg, self.cpu)
             self._load_into(self.model, load_hf_state(model_dir))
-            self.model.eval()  # no dropout: proximal logprobs == the training forward's
+            # dropout is 0 (transformer_config), so the mode changes no number: train mode
+            # is what turns megatron-core's activation recompute on (_train_mode)
+            self.model.eval()
             self.ref = None
             if cfg.kl_coef and ref_model_dir:
                 self.ref = build_gpt(self.arch, cfg, self.cpu)
@@ -251,12 +254,24 @@ class MegatronBackend:
 
             return out, loss_func
 
-        with maybe_cpu_standins():
+        with maybe_cpu_standins(), self._train_mode(True):
             get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.ddp],
                 num_microbatches=len(mbs), seq_length=max(int(mb.input_ids.shape[-1]) for mb in mbs),
                 micro_batch_size=1, forward_only=False)
         return self._from_last_stage(stats)
+
+    @contextlib.contextmanager
+    def _train_mode(self, on: bool) -> Iterator[None]:
+        """The policy in train mode while a forward keeps activations for a backward, eval
+        mode otherwise. megatron-core recomputes activations (learner.recompute) only in train
+        mode (TransformerBlock.forward, Attention.forward check `self.training`); no-grad passes
+        have nothing to recompute. Dropout is 0 either way, so both modes give the same numbers."""
+        self.model.train(on)
+        try:
+            yield
+        finally:
+            self.model.eval()
 
     def _from_last_stage(self, obj: Any) -> Any:
         """What the last pipeline stage computed, on every stage of the pipeline."""
@@ -333,7 +348,7 @@ class MegatronBackend:
                 raise ValueError("logprobs(grad=True) with learner.pipeline_parallel > 1: gradients "
                                  "flow through train_microbatches")
             return self._pipelined_logprobs(mb, with_entropy)
-        with torch.set_grad_enabled(grad), maybe_cpu_standins():
+        with torch.set_grad_enabled(grad), maybe_cpu_standins(), self._train_mode(grad):
             out, pmb = self._forward(self.model, mb)
             return self._head(out, pmb, with_entropy)
 

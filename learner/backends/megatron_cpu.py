@@ -9,11 +9,14 @@ that has one device:
   grad-norm result, GlobalMemoryBuffer, RoPE frequencies) and ``tensor.cuda()``;
 - ``tensor.type() == "torch.cuda.FloatTensor"`` to sort parameters by precision (distributed and
   mixed-precision optimizers);
-- ``CudaRNGStatesTracker.fork`` (tensor-parallel dropout / init regions) reads the CUDA generator.
+- ``CudaRNGStatesTracker.fork`` (tensor-parallel dropout / init regions) reads the CUDA generator;
+- activation recomputation (``tensor_parallel.checkpoint``) saves and restores the CUDA generator's
+  state around each recomputed region.
 
 `cpu_standins()` answers each of them with the CPU: the device is rewritten to "cpu", `.type()`
-reports the CUDA spelling of the same dtype, `torch.cuda.current_device()` is device 0, and `fork`
-isolates the CPU generator instead. It changes where tensors live, never what is computed, and
+reports the CUDA spelling of the same dtype, `torch.cuda.current_device()` is device 0, `fork`
+isolates the CPU generator instead, and the CUDA generator's state is an empty tensor that setting
+leaves as it is (recomputation restores the CPU generator's state itself). It changes where tensors live, never what is computed, and
 only while the context is open; the backend opens it only when CUDA is absent.
 """
 
@@ -66,16 +69,20 @@ def cpu_standins() -> Iterator[None]:
     """Run megatron-core on the CPU while open (see the module docstring)."""
     from megatron.core.tensor_parallel import random as mrandom
 
-    saved = (torch.cuda.current_device, torch.cuda.synchronize, mrandom.CudaRNGStatesTracker.fork)
+    saved = (torch.cuda.current_device, torch.cuda.synchronize, mrandom.CudaRNGStatesTracker.fork,
+             mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state)
     torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda device=None: None  # CPU work is done when the call returns
     mrandom.CudaRNGStatesTracker.fork = _fork_cpu_rng
+    mrandom._get_cuda_rng_state = lambda *a, **kw: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *a, **kw: None
     try:
         with _CudaOnCpu():
             yield
     finally:
         torch.cuda.current_device, torch.cuda.synchronize = saved[0], saved[1]
         mrandom.CudaRNGStatesTracker.fork = saved[2]
+        mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = saved[3], saved[4]
 
 
 def maybe_cpu_standins() -> contextlib.AbstractContextManager[None]:
