@@ -8,10 +8,12 @@ learner.use_distributed_optimizer) with OptimizerParamScheduler, and get_forward
 with `no_sync_func` (only the last micro-batch of a step reduces), `finalize_model_grads_func`
 (wait for / issue the reductions once per step) and `grad_scale_func`.
 
-GPU: TransformerEngine layer spec, packed micro-batches as THD sequences (PackedSeqParams).
-CPU (tests, over gloo): the local layer spec with megatron_cpu's stand-ins for megatron-core's
-CUDA-only spots. The local spec's RoPE ignores position_ids, so on CPU a packed micro-batch is
-run as padded rows: the same slots in the same order, so the loss is unchanged.
+GPU with TransformerEngine: TE's layer spec, packed micro-batches as THD sequences
+(PackedSeqParams). Without TE (CPU, or a CUDA machine without it; megatron_env decides and logs
+it once): the local layer spec with the fusions that need TE or apex off (megatron_env.
+TE_ONLY_FUSIONS); on CPU (tests, over gloo) megatron_cpu's stand-ins answer megatron-core's
+CUDA-only spots. The local spec's RoPE ignores position_ids, so there a packed micro-batch is run
+as padded rows: the same slots in the same order, so the loss is unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from learner.backends.base import LossFn
 from learner.backends.hf_megatron_convert import Arch, hf_to_megatron
 from learner.backends.megatron_cpu import maybe_cpu_standins
+from learner.backends.megatron_env import check_megatron_core, use_transformer_engine
 from learner.backends.megatron_head import vocab_parallel_logprobs
 from learner.backends.megatron_weights import SHARD_BYTES, gather_hf, load_shards, save_hf_shards
 from learner.backends.torch_backend import DTYPES
@@ -63,7 +66,9 @@ def init_parallel(cfg: LearnerConfig, seed: int = 0) -> None:
         model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
+def transformer_config(a: Arch, cfg: LearnerConfig, cpu: bool, te: bool) -> Any:
+    """`te`: the TransformerEngine layer spec (megatron_env.use_transformer_engine); without it
+    the fusions that need TE or apex are off, else megatron-core refuses the config."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     recompute: dict[str, Any] = {}
@@ -79,8 +84,10 @@ def transformer_config(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
         layernorm_epsilon=a.norm_eps, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=cfg.tensor_parallel, pipeline_model_parallel_size=cfg.pipeline_parallel,
         bf16=cfg.dtype == "bf16", params_dtype=DTYPES[cfg.dtype], pipeline_dtype=DTYPES[cfg.dtype],
-        use_cpu_initialization=cpu, bias_dropout_fusion=not cpu, apply_rope_fusion=not cpu,
-        masked_softmax_fusion=not cpu, persist_layer_norm=not cpu,
+        # dropout 0: the training forward runs in train mode (recompute) and must give the
+        # numbers the no-grad passes give
+        use_cpu_initialization=cpu, bias_dropout_fusion=not cpu, apply_rope_fusion=te,
+        masked_softmax_fusion=te, persist_layer_norm=te,
         gradient_accumulation_fusion=False, sequence_parallel=False,
         # micro-batches differ in length: pipeline stages exchange each activation's shape
         # first (the MoE dispatcher setting only satisfies a check; the model is dense)
@@ -89,7 +96,7 @@ def transformer_config(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
         **recompute)
 
 
-def build_gpt(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
+def build_gpt(a: Arch, cfg: LearnerConfig, cpu: bool, te: bool) -> Any:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -97,11 +104,11 @@ def build_gpt(a: Arch, cfg: LearnerConfig, cpu: bool) -> Any:
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    tcfg = transformer_config(a, cfg, cpu)
-    if cpu:
-        spec = get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
-    else:
+    tcfg = transformer_config(a, cfg, cpu, te)
+    if te:
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
     r = a.rope
     return GPTModel(
         config=tcfg, transformer_layer_spec=spec, vocab_size=padded_vocab(a, cfg),
@@ -140,8 +147,9 @@ class MegatronBackend:
 
         self.cfg = cfg
         self.shard_bytes = checkpoint_shard_bytes
+        check_megatron_core()  # a clear error for a megatron-core older than the floor
         self.cpu = not torch.cuda.is_available()
-        self.te = not self.cpu
+        self.te = use_transformer_engine(cuda=not self.cpu)  # the layer spec (and its weight names)
         self.hf_config = AutoConfig.from_pretrained(str(model_dir))
         self.arch = Arch.from_hf(self.hf_config)
         pp = cfg.pipeline_parallel
@@ -154,14 +162,14 @@ class MegatronBackend:
                              "own; use pipeline_parallel 1 or kl_coef 0")
         init_parallel(cfg)
         with maybe_cpu_standins():
-            self.model = build_gpt(self.arch, cfg, self.cpu)
+            self.model = build_gpt(self.arch, cfg, self.cpu, self.te)
             self._load_into(self.model, load_hf_state(model_dir))
             # dropout is 0 (transformer_config), so the mode changes no number: train mode
             # is what turns megatron-core's activation recompute on (_train_mode)
             self.model.eval()
             self.ref = None
             if cfg.kl_coef and ref_model_dir:
-                self.ref = build_gpt(self.arch, cfg, self.cpu)
+                self.ref = build_gpt(self.arch, cfg, self.cpu, self.te)
                 self._load_into(self.ref, load_hf_state(ref_model_dir))
                 self.ref.requires_grad_(False).eval().to(DTYPES[cfg.dtype])
             self._init_training(ddp_bucket_size)
@@ -301,13 +309,13 @@ class MegatronBackend:
     def _forward(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, MicroBatch]:
         """The model's output for a micro-batch (this rank's vocabulary slice of the logits on
         the last pipeline stage, hidden states on the others) and the micro-batch it indexes (on
-        CPU a packed one runs as padded rows)."""
+        the local spec a packed one runs as padded rows)."""
         dev = self._device()
         # bf16: Float16Module hands out the logits as they are, not an fp32 copy; the head
         # upcasts a chunk at a time, and the gradient is the same (the copy's backward would
         # cast it to bf16 for the output layer anyway)
         kw: dict[str, Any] = {"fp32_output": False} if model is self.ddp and self.cfg.dtype == "bf16" else {}
-        if self.cpu or not mb.packed:
+        if not self.te or not mb.packed:
             pmb = mb if not mb.packed else _padded(mb.items)
             assert pmb.attention_mask is not None  # padded rows carry their mask
             return model(input_ids=pmb.input_ids.to(dev), position_ids=pmb.position_ids.to(dev),
