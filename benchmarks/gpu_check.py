@@ -1,0 +1,701 @@
+"""The GPU check: swarl's Megatron learner end to end on one CUDA device, in under 8 minutes.
+
+    python3 benchmarks/gpu_check.py [--out FILE]              # CUDA, bf16, a ~0.6B Qwen3 shape
+    python3 benchmarks/gpu_check.py --device cpu --tiny       # CPU, the tiny model (make test)
+    python3 benchmarks/gpu_check.py --wheels DIR              # download the wheels to carry
+    python3 benchmarks/gpu_check.py --record-from FILE        # a run's JSON into RESULTS.md
+
+It needs torch, transformers, safetensors, numpy, pyyaml and tokenizers (a bare CUDA image with
+torch has them) plus the wheels `--wheels` downloads (megatron-core and the pure-Python
+packages swarl's learner and inference engine import; docs/gpu.md "The GPU check" says how to
+install them there). The model is random (Qwen3-0.6B's published shape, or inference.tiny_model's
+with --tiny), written locally as an HF checkpoint: nothing comes from a hub.
+
+The checks, in order, each phase under its own time limit and the whole under --deadline-s:
+- hf_logprobs: the backend's token logprobs against transformers' on the same weights (fp32
+  reference; in bf16 the tolerance is set by transformers' own bf16-vs-fp32 gap);
+- train: optimizer steps through learner.train.train_step (loss and grad norm finite, the
+  published weights changed);
+- throughput: learner tokens/s and MFU (FORMULA below) over the timed steps;
+- recompute_memory: peak memory of a train step with `recompute: none` and `full` (CUDA:
+  torch.cuda.max_memory_allocated; CPU: torch.profiler's allocator events); full must be lower;
+- publish_engine: the trained weights published (publish_tensors -> weight_sync's checkpoint,
+  verified), loaded into swarl's inference engine (as /update_weights_from_disk does), bit-equal
+  there, and a generation's logprobs against the learner's on the same tokens.
+
+Progress goes to stderr; stdout gets ONE JSON line with every figure and `ok` per check. Exit 0
+when every check passed, 1 when one failed, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # swarl's packages, uninstalled
+
+H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM, bf16 dense tensor-core peak (no sparsity)
+FORMULA = ("model FLOPs per step = 6*N*T + 6*L*a*d*sum(n_i^2): N = parameters a token multiplies "
+           "(layers + output layer, not the embedding lookup), T = real tokens, causal attention "
+           "QK^T and AV over each sample of n_i tokens (half of PaLM's 12*L*a*d*n per token); "
+           "recompute not counted (MFU, not HFU); MFU = FLOPs / step time / 989e12")
+
+# Qwen3-0.6B's published config.json shape; the weights are random
+QWEN3_0_6B: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 40960, "tie_word_embeddings": True, "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+}
+
+# What a run trains and measures: (samples per step, tokens per sample, micro-batch budget,
+# timed steps, probe samples, probe length, generated tokens).
+SIZES = {
+    "full": {"samples": 16, "length": 1024, "budget": 8192, "steps": 4, "probes": 4, "probe_len": 512,
+             "gen": 16},
+    "tiny": {"samples": 8, "length": 64, "budget": 256, "steps": 2, "probes": 3, "probe_len": 48, "gen": 8},
+}
+# Each phase's time limit in seconds (the whole run is bounded by --deadline-s as well).
+LIMITS = {"model": 90, "reference": 90, "build": 150, "hf_logprobs": 60, "train": 150,
+          "recompute_memory": 90, "publish_engine": 150, "recompute_full": 180}
+CHECKS = ("hf_logprobs", "train", "throughput", "recompute_memory", "publish_engine")
+
+# The wheels a bare CUDA image with torch lacks: megatron-core and the pure-Python packages the
+# learner (pydantic configs) and the engine import. Versions: this environment's.
+WHEELS = ("megatron-core", "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv",
+          "typing-inspection", "annotated-types", "redis", "PyJWT")
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+                   "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+WHEELS_MAX_BYTES = 60 << 20
+INSTALL = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
+           "{dir}/*.whl && export PYTHONPATH=/tmp/site")
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[gpu_check {time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class PhaseTimeout(Exception):
+    """A phase ran past its limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str) -> Iterator[None]:
+    """SIGALRM interrupts Python code; a hang inside one C call is the deadline thread's."""
+    def fire(_signum: int, _frame: Any) -> None:
+        raise PhaseTimeout(f"{what}: over its {seconds:.0f} s limit")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class Report:
+    """Every figure of the run; `line()` is the JSON line printed once at the end (or at the
+    deadline, by the watchdog thread)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.checks: dict[str, dict[str, Any]] = {}
+        self.phase_s: dict[str, float] = {}
+        self._printed = threading.Lock()
+        self._done = False
+
+    def check(self, name: str, ok: bool, **figures: Any) -> None:
+        self.checks[name] = {"ok": bool(ok), **figures}
+        progress(f"check {name}: {'ok' if ok else 'FAILED'} {json.dumps(figures, default=str)[:400]}")
+
+    def fail(self, name: str, error: str) -> None:
+        self.checks[name] = {**self.checks.get(name, {}), "ok": False, "error": error}
+
+    def phase(self, name: str, fn: Callable[[], Any], *, fails: tuple[str, ...]) -> Any:
+        """Run `fn` under LIMITS[name]; an exception fails the checks in `fails` (and returns None)."""
+        progress(f"{name} ...")
+        t = time.monotonic()
+        try:
+            with time_limit(LIMITS[name], name):
+                return fn()
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            for c in fails:
+                self.fail(c, f"{name}: {type(e).__name__}: {e}"[:2000])
+            return None
+        finally:
+            self.phase_s[name] = round(time.monotonic() - t, 2)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.checks.get(c, {}).get("ok", False) for c in CHECKS)
+
+    def line(self) -> str:
+        checks = {c: self.checks.get(c, {"ok": False, "error": "not run"}) for c in CHECKS}
+        return json.dumps({"check": "gpu_check", **self.info, "ok": self.ok,
+                           "wall_s": round(time.monotonic() - _T0, 1), "phase_s": dict(self.phase_s),
+                           "checks": checks}, default=_jsonable, sort_keys=True)
+
+    def emit(self, out: str | None) -> bool:
+        """Print the line once (main thread or watchdog, whichever is first)."""
+        with self._printed:
+            if self._done:
+                return False
+            self._done = True
+            line = self.line()
+            print(line, flush=True)
+            if out:
+                Path(out).write_text(line + "\n")
+            return True
+
+
+def _jsonable(v: Any) -> Any:
+    return float(v) if hasattr(v, "__float__") else str(v)
+
+
+def _r(x: float, n: int = 6) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), n)
+
+
+# -- the model ------------------------------------------------------------------------------
+def write_model(out: Path, tiny: bool, device: str) -> dict[str, Any]:
+    """An HF checkpoint with random weights: inference.tiny_model's (tokenizer included), or
+    Qwen3-0.6B's shape in bf16 with the tiny tokenizer (ids past its vocabulary are never decoded)."""
+    import torch
+
+    from inference.tiny_model import DEFAULT_SIZE, init_tiny
+
+    init_tiny(out, seed=0)
+    size = DEFAULT_SIZE if tiny else QWEN3_0_6B
+    if not tiny:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        ids = json.loads((out / "config.json").read_text())
+        config = Qwen3Config(**size, bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"],
+                             pad_token_id=ids["pad_token_id"])
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)  # transformers' init: normal(0, 0.02), norms 1
+        model.to(torch.bfloat16).save_pretrained(out)
+        (out / "swarl_tiny.json").unlink(missing_ok=True)
+        del model
+        _free()
+    return {"shape": "inference.tiny_model" if tiny else "Qwen3-0.6B (random weights)", **size}
+
+
+def arch_counts(model_dir: Path) -> dict[str, int]:
+    from transformers import AutoConfig
+
+    from learner.backends.hf_megatron_convert import Arch
+
+    a = Arch.from_hf(AutoConfig.from_pretrained(str(model_dir)))
+    layer = a.hidden * (a.heads + 2 * a.groups) * a.head_dim + a.heads * a.head_dim * a.hidden \
+        + 3 * a.hidden * a.ffn + 2 * a.hidden + 2 * a.head_dim * a.qk_norm
+    embed = a.vocab * a.hidden
+    return {"params": a.num_layers * layer + embed * (1 if a.tied else 2) + a.hidden,
+            "matmul_params": a.num_layers * (layer - 2 * a.hidden - 2 * a.head_dim * a.qk_norm) + embed,
+            "layers": a.num_layers, "heads": a.heads, "head_dim": a.head_dim, "vocab": a.vocab}
+
+
+def model_flops(counts: dict[str, int], lengths: list[int]) -> float:
+    """FORMULA, for one optimizer step over samples of these lengths."""
+    attn = 6 * counts["layers"] * counts["heads"] * counts["head_dim"] * sum(n * n for n in lengths)
+    return 6.0 * counts["matmul_params"] * sum(lengths) + attn
+
+
+# -- data -----------------------------------------------------------------------------------
+def sequences(n: int, length: int, vocab: int, seed: int) -> list[Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, length).astype(np.int32) for _ in range(n)]
+
+
+def train_items(n: int, length: int, vocab: int, seed: int) -> list[Any]:
+    """`n` samples of random tokens; the last 3/4 of each trained, advantages +-1."""
+    import numpy as np
+
+    from learner.losses import token_weights
+    from learner.packing import TrainItem
+
+    out = []
+    for i, toks in enumerate(sequences(n, length, vocab, seed)):
+        mask = np.zeros(length, dtype=np.uint8)
+        mask[length // 4:] = 1
+        behav = np.where(mask == 1, -math.log(vocab), 0.0).astype(np.float32)
+        out.append(TrainItem(f"s{seed}-{i}", toks, mask, behav, adv=1.0 if i % 2 else -1.0))
+    for it, w in zip(out, token_weights([int(it.loss_mask[1:].sum()) for it in out], "token"), strict=True):
+        it.tok_w = w
+    return out
+
+
+# -- logprobs -------------------------------------------------------------------------------
+def hf_logprobs(model_dir: Path, seqs: list[Any], device: str, dtypes: list[str]) -> dict[str, list[Any]]:
+    """transformers' per-token logprobs of each sequence (slots 1..n-1), per dtype; the weights
+    are loaded in fp32 and cast, so bf16 sees the values the learner's bf16 copy holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from inference.logprobs import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 attn_implementation="sdpa").to(device).eval()
+    out: dict[str, list[Any]] = {}
+    with torch.no_grad():
+        for name in dtypes:
+            model.to(torch.float32 if name == "fp32" else torch.bfloat16)
+            out[name] = []
+            for s in seqs:
+                ids = torch.from_numpy(s).long().to(device)
+                logits = model(input_ids=ids[None]).logits[0, :-1]
+                out[name].append(token_logprobs(logits, ids[1:], 1.0).float().cpu())
+    del model
+    _free()
+    return out
+
+
+def learner_logprobs(be: Any, seqs: list[Any]) -> list[Any]:
+    """The backend's per-token logprobs of each sequence, one micro-batch per sequence."""
+    import numpy as np
+    import torch
+
+    from learner.packing import TrainItem, make_microbatches
+
+    out = []
+    for i, s in enumerate(seqs):
+        n = len(s)
+        it = TrainItem(f"probe{i}", s.astype(np.int32), np.ones(n, dtype=np.uint8), np.zeros(n, dtype=np.float32), 0.0)
+        (mb,) = make_microbatches([it], n, packed=be.cfg.packing)
+        with torch.no_grad():
+            lp, _ = be.logprobs(mb, grad=False, with_entropy=False)
+        out.append(lp.detach().float().cpu())
+    return out
+
+
+def gap(got: list[Any], ref: list[Any]) -> dict[str, float]:
+    import torch
+
+    d = (torch.cat(got) - torch.cat(ref)).abs()
+    return {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()), "tokens": int(d.numel())}
+
+
+def tolerance(dtype: str, noise: dict[str, float] | None) -> dict[str, float]:
+    """fp32: fixed. bf16: twice transformers' own bf16-vs-fp32 gap on the same tokens, plus a
+    floor (a wrong conversion is off by the logprobs' spread, ~1 nat on these models)."""
+    if dtype == "fp32":
+        return {"mean": 1e-4, "max": 2e-3}
+    n = noise or {"mean_abs_diff": 0.05, "max_abs_diff": 0.5}
+    return {"mean": 2 * n["mean_abs_diff"] + 0.01, "max": 2 * n["max_abs_diff"] + 0.1}
+
+
+def within(g: dict[str, float], tol: dict[str, float]) -> bool:
+    return g["mean_abs_diff"] <= tol["mean"] and g["max_abs_diff"] <= tol["max"]
+
+
+# -- memory ---------------------------------------------------------------------------------
+def peak_bytes(fn: Callable[[], Any], cuda: bool) -> dict[str, int]:
+    """The bytes `fn` allocates beyond what was allocated before it, at their peak. CUDA:
+    torch.cuda.max_memory_allocated; CPU: torch.profiler's allocator events summed in order."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        top = torch.cuda.max_memory_allocated()
+        return {"peak_bytes": int(top - base), "max_memory_allocated": int(top), "allocated_before": int(base)}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)  # every allocator event with its signed size
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    live = top = 0
+    for ev in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        live += int(ev["args"]["Bytes"])
+        top = max(top, live)
+    return {"peak_bytes": int(top)}
+
+
+def _free() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- the run --------------------------------------------------------------------------------
+class Check:
+    """The phases, sharing what earlier ones made (the model, the backend, the trained weights)."""
+
+    def __init__(self, args: argparse.Namespace, report: Report, work: Path) -> None:
+        import torch
+
+        self.args, self.report, self.work = args, report, work
+        self.cuda = args.device == "cuda"
+        self.dev = "cuda" if self.cuda else "cpu"
+        self.size = SIZES["tiny" if args.tiny else "full"]
+        self.model_dir = work / "model"
+        self.torch = torch
+        self.fields: dict[str, Any] = {
+            "backend": "megatron", "dtype": args.dtype, "lr": 1e-3, "grad_clip": 1.0,
+            "max_tokens_per_microbatch": self.size["budget"], "rollout_temperature": 1.0,
+            # the local layer spec (no TransformerEngine) runs padded rows only
+            "packing": bool(report.info["transformer_engine"]) or not self.cuda}
+        from common.settings import parse_scalar
+
+        for s in args.sets:
+            k, sep, v = s.partition("=")
+            if not sep:
+                raise SystemExit(f"--set {s!r}: expected key=value (a learner setting)")
+            self.fields[k] = parse_scalar(v)
+        self.noise: dict[str, float] | None = None
+        self.be: Any = None
+        self.trained: dict[str, Any] | None = None
+        self.untrained_exact = False
+        self.mem: dict[str, dict[str, Any]] = {}
+
+    def backend(self, recompute: str) -> Any:
+        from learner.backends.megatron_backend import MegatronBackend
+        from learner.config import LearnerConfig
+
+        cfg = LearnerConfig.model_validate({**self.fields, "recompute": recompute})
+        return MegatronBackend(cfg, self.model_dir)
+
+    def run(self) -> None:
+        rep = self.report
+        info = rep.phase("model", lambda: write_model(self.model_dir, self.args.tiny, self.dev), fails=CHECKS)
+        if info is None:
+            return
+        self.counts = arch_counts(self.model_dir)
+        rep.info["model"] = {**info, **self.counts}
+        rep.info["learner"] = {k: v for k, v in self.fields.items() if k != "backend"}
+        vocab = self.counts["vocab"]
+        self.probes = sequences(self.size["probes"], self.size["probe_len"], vocab, seed=1)
+        dtypes = ["fp32"] + (["bf16"] if self.args.dtype == "bf16" else [])
+        ref = rep.phase("reference", lambda: hf_logprobs(self.model_dir, self.probes, self.dev, dtypes),
+                        fails=("hf_logprobs",))
+        self.be = rep.phase("build", lambda: self.backend("none"), fails=CHECKS)
+        if self.be is None:
+            return
+        if ref is not None:
+            rep.phase("hf_logprobs", lambda: self.hf_check(ref), fails=("hf_logprobs",))
+        rep.phase("train", self.train, fails=("train", "throughput"))
+        if self.trained is not None:  # before any further step: the learner's weights are the published ones
+            rep.phase("publish_engine", self.publish_engine, fails=("publish_engine",))
+        else:
+            rep.fail("publish_engine", "not run: training failed")
+        rep.phase("recompute_memory", lambda: self.memory("none"), fails=("recompute_memory",))
+        self.be = None
+        _free()
+        rep.phase("recompute_full", self.recompute_full, fails=("recompute_memory",))
+
+    def hf_check(self, ref: dict[str, list[Any]]) -> None:
+        got = learner_logprobs(self.be, self.probes)
+        g = gap(got, ref["fp32"])
+        if "bf16" in ref:
+            self.noise = gap(ref["bf16"], ref["fp32"])
+        tol = tolerance(self.args.dtype, self.noise)
+        self.report.check("hf_logprobs", within(g, tol), **{k: _r(v) for k, v in g.items()},
+                          tolerance={k: _r(v) for k, v in tol.items()},
+                          hf_bf16_vs_fp32={k: _r(v) for k, v in (self.noise or {}).items()} or None,
+                          reference="transformers fp32 on the same weights")
+
+    def train(self) -> None:
+        from learner.train import train_step
+
+        torch, be, s = self.torch, self.be, self.size
+        t = time.monotonic()
+        before = dict(be.publish_tensors())
+        publish_s = time.monotonic() - t
+        disk = _read_dir(self.model_dir)
+        self.untrained_exact = sorted(before) == sorted(disk) and all(
+            torch.equal(before[n], disk[n].to(before[n].dtype)) for n in before)
+        stats = []
+        for k in range(s["steps"] + 1):  # step 0 warms up (allocator, kernels, Adam state)
+            items = train_items(s["samples"], s["length"], self.counts["vocab"], seed=100 + k)
+            st = train_step(be, items, be.cfg)
+            if self.cuda:
+                torch.cuda.synchronize()
+            stats.append(st)
+            progress(f"step {k}: loss {st['loss']:.4f} grad_norm {st['grad_norm']:.4f} "
+                     f"{st['step_time_s']:.3f} s {st['tokens_per_s']:.0f} tokens/s")
+        self.trained = dict(be.publish_tensors())
+        changed = [n for n, v in self.trained.items() if v.dim() >= 2 and not torch.equal(v, before[n])]
+        mats = [n for n, v in self.trained.items() if v.dim() >= 2]
+        finite = all(math.isfinite(st["loss"]) and math.isfinite(st["grad_norm"]) for st in stats)
+        self.report.check("train", finite and len(changed) >= 0.9 * len(mats), steps=len(stats),
+                          loss=[_r(st["loss"]) for st in stats], grad_norm=[_r(st["grad_norm"]) for st in stats],
+                          matrices_changed=f"{len(changed)}/{len(mats)}", microbatches=int(stats[-1]["microbatches"]),
+                          publish_s=_r(publish_s, 3))
+        timed = stats[1:]
+        sec = statistics.median(st["step_time_s"] for st in timed)
+        tokens = int(timed[0]["tokens"])
+        flops = model_flops(self.counts, [s["length"]] * s["samples"])
+        peak = H100_BF16_DENSE_FLOPS if self.cuda and self.args.dtype == "bf16" else None
+        self.report.check("throughput", tokens / sec > 0, tokens_per_step=tokens, step_s=_r(sec, 4),
+                          tokens_per_s=_r(tokens / sec, 1), model_tflops_per_s=_r(flops / sec / 1e12, 3),
+                          mfu=_r(flops / sec / peak, 4) if peak else None, peak_flops=peak,
+                          recompute="none", formula=FORMULA)
+
+    def memory(self, recompute: str) -> None:
+        from learner.train import train_step
+
+        be, s = self.be, self.size
+        n = max(1, s["budget"] // s["length"])  # one micro-batch at the token budget
+        items = train_items(n, s["length"], self.counts["vocab"], seed=7)
+        if recompute != "none":
+            train_step(be, items, be.cfg)  # warm-up: Adam state, buffers (done by `train` for none)
+        t = time.monotonic()
+        m = peak_bytes(lambda: train_step(be, items, be.cfg), self.cuda)
+        m["step_s"] = _r(time.monotonic() - t, 4)
+        m["tokens"] = n * s["length"]
+        self.mem[recompute] = m
+        progress(f"memory recompute={recompute}: {m}")
+
+    def recompute_full(self) -> None:
+        self.be = self.backend("full")
+        try:
+            self.memory("full")
+        finally:
+            self.be = None
+            _free()
+        none, full = self.mem.get("none"), self.mem.get("full")
+        if none is None:
+            self.report.fail("recompute_memory", "no `recompute: none` figure to compare with")
+            return
+        ratio = full["peak_bytes"] / none["peak_bytes"] if none["peak_bytes"] else float("nan")
+        self.report.check("recompute_memory", ratio < 1.0, none=none, full=full, full_over_none=_r(ratio, 4),
+                          measured_by="torch.cuda.max_memory_allocated" if self.cuda
+                          else "torch.profiler CPU allocator events",
+                          tokens_per_s_full=_r(full["tokens"] / full["step_s"], 1) if full["step_s"] else None)
+
+    def publish_engine(self) -> None:
+        import numpy as np
+
+        from inference.engine import Engine, GenRequest
+        from inference.sampling import SamplingParams
+        from inference.weights import load_into, named_weights, read_safetensors_dir
+        from weight_sync.checkpoints import verify, write_checkpoint
+
+        torch, trained = self.torch, self.trained
+        assert trained is not None
+        t = time.monotonic()
+        manifest = write_checkpoint(self.work / "run", 1, self.size["steps"] + 1, trained.items(), self.model_dir)
+        path = verify(manifest, 1)
+        write_s = time.monotonic() - t
+        engine = Engine(self.model_dir, weight_version="0", seed=0)  # the untrained weights
+        engine.start()
+        try:
+            t = time.monotonic()
+            tensors = read_safetensors_dir(path)
+            engine.call(lambda: load_into(engine.model, tensors)).result(timeout=120)
+            engine.weight_version = "1"
+            load_s = time.monotonic() - t
+            live = named_weights(engine.model)
+            missing = sorted(set(live) - set(trained))
+            unequal = [n for n in live if n in trained and not torch.equal(live[n], trained[n].to(live[n].dtype))]
+            prompt = [int(x) for x in self.probes[0][:32]]
+            done = threading.Event()
+            req = GenRequest(input_ids=prompt, return_logprob=True, on_done=lambda _r: done.set(),
+                             params=SamplingParams(max_new_tokens=self.size["gen"], temperature=1.0,
+                                                   ignore_eos=True, sampling_seed=1234))
+            engine.submit(req)
+            if not done.wait(60):
+                raise TimeoutError("the engine did not finish a generation in 60 s")
+        finally:
+            engine.stop()
+        if req.finish_reason is None or req.finish_reason.get("type") != "length":
+            raise RuntimeError(f"generation ended by {req.finish_reason}, not its length")
+        seq = np.array(prompt + req.output_ids, dtype=np.int32)
+        mine = learner_logprobs(self.be, [seq])[0][-len(req.output_ids):]
+        g = gap([mine], [torch.tensor(req.output_logprobs)])
+        tol = tolerance(self.args.dtype, self.noise)
+        ok = self.untrained_exact and not missing and not unequal and within(g, tol)
+        self.report.check("publish_engine", ok, untrained_publish_equals_checkpoint=self.untrained_exact,
+                          tensors=len(trained), engine_missing=missing[:5], engine_unequal=unequal[:5],
+                          checkpoint_bytes=int(manifest["bytes"]), write_s=_r(write_s, 3), load_s=_r(load_s, 3),
+                          engine_device="cpu", engine_dtype="fp32", generated=len(req.output_ids),
+                          **{k: _r(v) for k, v in g.items()}, tolerance={k: _r(v) for k, v in tol.items()})
+
+
+def _read_dir(path: Path) -> dict[str, Any]:
+    from inference.weights import read_safetensors_dir
+
+    return read_safetensors_dir(path)
+
+
+# -- wheels ---------------------------------------------------------------------------------
+def download_wheels(out: Path, python_version: str) -> int:
+    """pip download (no dependencies, binary only) of WHEELS at this environment's versions, for
+    CPython `python_version` on manylinux x86-64; refuse a set over WHEELS_MAX_BYTES."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pins = [f"{name}=={version(name)}" for name in WHEELS]
+    except PackageNotFoundError as e:
+        print(f"--wheels: {e.name} is not installed here; its version pins the wheel", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+           python_version, "--implementation", "cp", "-d", str(out)]
+    for p in WHEEL_PLATFORMS:
+        cmd += ["--platform", p]
+    progress(" ".join([*cmd, *pins]))
+    if subprocess.run([*cmd, *pins], timeout=600).returncode:
+        return 1
+    wheels = sorted(out.glob("*.whl"))
+    total = sum(w.stat().st_size for w in wheels)
+    for w in wheels:
+        print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}", file=sys.stderr)
+    print(f"{total / 2**20:7.2f} MiB  total in {out}", file=sys.stderr)
+    if total > WHEELS_MAX_BYTES:
+        print(f"--wheels: {total / 2**20:.1f} MiB is over the {WHEELS_MAX_BYTES >> 20} MiB that may be carried",
+              file=sys.stderr)
+        return 1
+    print(f"install there: {INSTALL.format(dir=out.name)}", file=sys.stderr)
+    return 0
+
+
+# -- recording ------------------------------------------------------------------------------
+def record_line(line: dict[str, Any]) -> None:
+    from _record import markdown_table, record
+
+    c = line["checks"]
+    rows = [[name, "ok" if v.get("ok") else "FAILED", _summary(name, v)] for name, v in c.items()]
+    notes = (f"`python3 benchmarks/gpu_check.py` on {line.get('device_name')} ({line.get('device')}, "
+             f"{line.get('dtype')}), torch {line.get('torch')}, megatron-core {line.get('megatron_core')}, "
+             f"TransformerEngine: {line.get('transformer_engine') or 'absent'}; {line.get('wall_s')} s in all. "
+             f"MFU: {FORMULA}.")
+    record("gpu_check", markdown_table(["check", "result", "figures"], rows), line, notes)
+
+
+def _summary(name: str, v: dict[str, Any]) -> str:
+    keys = {"hf_logprobs": ("max_abs_diff", "mean_abs_diff"), "train": ("loss", "matrices_changed"),
+            "throughput": ("tokens_per_s", "mfu"), "recompute_memory": ("full_over_none",),
+            "publish_engine": ("max_abs_diff", "mean_abs_diff", "untrained_publish_equals_checkpoint")}
+    parts = [f"{k} {v[k]}" for k in keys.get(name, ()) if k in v]
+    return ", ".join(parts) or str(v.get("error", ""))[:120]
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="inference.tiny_model's shape and small batches")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on cuda, fp32 on cpu")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a learner setting for every backend built (e.g. packing=false)")
+    ap.add_argument("--deadline-s", type=float, default=450.0, help="the whole run's bound")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--out", help="also write the JSON line to this file")
+    ap.add_argument("--workdir", help="keep the model and checkpoint here (default: a temporary directory)")
+    ap.add_argument("--record", action="store_true", help="write this run's figures to benchmarks/RESULTS.md")
+    ap.add_argument("--record-from", metavar="FILE", help="record a run's JSON line (e.g. from a GPU machine) and exit")
+    ap.add_argument("--wheels", metavar="DIR", help="download the wheels to carry to a GPU machine and exit")
+    ap.add_argument("--python-version", default="3.12", help="--wheels: the GPU machine's Python")
+    args = ap.parse_args(argv)
+    if args.dtype is None:
+        args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.wheels:
+        return download_wheels(Path(args.wheels), args.python_version)
+    if args.record_from:
+        record_line(json.loads(Path(args.record_from).read_text().strip().splitlines()[-1]))
+        return 0
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the backend picks CUDA whenever it sees one
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: torch sees no CUDA device (use --device cpu --tiny here)", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = Report(_versions(args))
+    progress(f"{report.info}")
+
+    def deadline() -> None:
+        report.fail("deadline", f"the run passed --deadline-s {args.deadline_s:.0f}")
+        for c in CHECKS:
+            report.checks.setdefault(c, {"ok": False, "error": "not run before the deadline"})
+        if report.emit(args.out):
+            os._exit(1)
+
+    watchdog = threading.Timer(args.deadline_s, deadline)
+    watchdog.daemon = True
+    watchdog.start()
+    with contextlib.ExitStack() as stack:
+        work = Path(args.workdir) if args.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu_check-")))
+        try:
+            Check(args, report, work).run()
+        finally:
+            watchdog.cancel()
+            _shutdown()
+    report.emit(args.out)
+    if args.record:
+        record_line(json.loads(report.line()))
+    return 0 if report.ok else 1
+
+
+def _versions(args: argparse.Namespace) -> dict[str, Any]:
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    def v(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    te = importlib.util.find_spec("transformer_engine") is not None
+    return {"device": args.device, "dtype": args.dtype, "tiny": args.tiny,
+            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "torch": torch.__version__, "megatron_core": v("megatron-core"), "transformers": v("transformers"),
+            "transformer_engine": (v("transformer-engine") or v("transformer_engine") or "present") if te else None,
+            "python": sys.version.split()[0]}
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
