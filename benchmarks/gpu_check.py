@@ -79,7 +79,7 @@ CHECKS = ("hf_logprobs", "train", "throughput", "recompute_memory", "publish_eng
 # The wheels a bare CUDA image with torch lacks: megatron-core and the pure-Python packages the
 # learner (pydantic configs) and the engine import. Versions: this environment's.
 WHEELS = ("megatron-core", "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv",
-          "typing-inspection", "annotated-types", "redis", "PyJWT")
+          "typing-inspection", "annotated-types", "redis", "PyJWT", "msgpack")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 WHEELS_MAX_BYTES = 60 << 20
@@ -120,6 +120,7 @@ class Report:
         self.info = info
         self.checks: dict[str, dict[str, Any]] = {}
         self.phase_s: dict[str, float] = {}
+        self.error: str | None = None  # what stopped the run before its checks were done
         self._printed = threading.Lock()
         self._done = False
 
@@ -147,11 +148,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(self.checks.get(c, {}).get("ok", False) for c in CHECKS)
+        return self.error is None and all(self.checks.get(c, {}).get("ok", False) for c in CHECKS)
 
     def line(self) -> str:
         checks = {c: self.checks.get(c, {"ok": False, "error": "not run"}) for c in CHECKS}
-        return json.dumps({"check": "gpu_check", **self.info, "ok": self.ok,
+        return json.dumps({"check": "gpu_check", **self.info, "ok": self.ok, "error": self.error,
                            "wall_s": round(time.monotonic() - _T0, 1), "phase_s": dict(self.phase_s),
                            "checks": checks}, default=_jsonable, sort_keys=True)
 
@@ -348,6 +349,37 @@ def _free() -> None:
 
 
 # -- the run --------------------------------------------------------------------------------
+def learner_fields(args: argparse.Namespace, te: bool) -> dict[str, Any]:
+    """The learner settings of every backend the run builds (recompute aside), --set applied;
+    a setting LearnerConfig refuses is a SystemExit(2) naming it."""
+    from pydantic import ValidationError
+
+    from common.settings import parse_scalar
+    from learner.config import LearnerConfig
+
+    size = SIZES["tiny" if args.tiny else "full"]
+    fields: dict[str, Any] = {
+        "backend": "megatron", "dtype": args.dtype, "lr": 1e-3, "grad_clip": 1.0,
+        "max_tokens_per_microbatch": size["budget"], "rollout_temperature": 1.0,
+        # the local layer spec (no TransformerEngine) runs padded rows only
+        "packing": te or args.device == "cpu"}
+    for s in args.sets:
+        k, sep, v = s.partition("=")
+        if not sep or not k:
+            _usage(f"--set {s!r}: expected key=value (a learner setting, e.g. packing=false)")
+        fields[k] = parse_scalar(v)
+    try:
+        LearnerConfig.model_validate(fields)
+    except ValidationError as e:
+        _usage(f"--set: {e}")
+    return fields
+
+
+def _usage(msg: str) -> None:
+    print(f"gpu_check: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 class Check:
     """The phases, sharing what earlier ones made (the model, the backend, the trained weights)."""
 
@@ -360,18 +392,7 @@ class Check:
         self.size = SIZES["tiny" if args.tiny else "full"]
         self.model_dir = work / "model"
         self.torch = torch
-        self.fields: dict[str, Any] = {
-            "backend": "megatron", "dtype": args.dtype, "lr": 1e-3, "grad_clip": 1.0,
-            "max_tokens_per_microbatch": self.size["budget"], "rollout_temperature": 1.0,
-            # the local layer spec (no TransformerEngine) runs padded rows only
-            "packing": bool(report.info["transformer_engine"]) or not self.cuda}
-        from common.settings import parse_scalar
-
-        for s in args.sets:
-            k, sep, v = s.partition("=")
-            if not sep:
-                raise SystemExit(f"--set {s!r}: expected key=value (a learner setting)")
-            self.fields[k] = parse_scalar(v)
+        self.fields = learner_fields(args, te=bool(report.info["transformer_engine"]))
         self.noise: dict[str, float] | None = None
         self.be: Any = None
         self.trained: dict[str, Any] | None = None
@@ -641,10 +662,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     report = Report(_versions(args))
+    learner_fields(args, te=bool(report.info["transformer_engine"]))  # bad --set: exit 2 now
     progress(f"{report.info}")
 
     def deadline() -> None:
-        report.fail("deadline", f"the run passed --deadline-s {args.deadline_s:.0f}")
+        report.error = f"the run passed --deadline-s {args.deadline_s:.0f}"
         for c in CHECKS:
             report.checks.setdefault(c, {"ok": False, "error": "not run before the deadline"})
         if report.emit(args.out):

@@ -1,0 +1,104 @@
+"""The GPU check (benchmarks/gpu_check.py) runs here on CPU with the tiny model, so it cannot rot
+between the sessions that are lent a GPU.
+
+It runs as it would on a bare CUDA machine: `python -S` (no site-packages) over a folder that
+holds only torch, transformers and what they require, plus the packages the script's --wheels
+carries (gpu_check.WHEELS). An import the script gains that is neither fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+# what a CUDA image with torch has (transformers and its tokenizers and safetensors included)
+BARE = ("torch", "transformers", "safetensors", "numpy", "pyyaml")
+
+
+def _requirements(name: str, seen: set[str]) -> None:
+    """`name` and everything it requires (extras left out), by distribution name."""
+    key = name.lower().replace("_", "-")
+    if key in seen:
+        return
+    try:
+        dist = distribution(name)
+    except PackageNotFoundError:
+        return  # an optional requirement absent here is absent there too
+    seen.add(key)
+    for spec in dist.requires or []:
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            _requirements(req.name, seen)
+
+
+def bare_site(into: Path) -> Path:
+    """A folder of links to the files of BARE's closure and of gpu_check.WHEELS (not theirs)."""
+    names: set[str] = set()
+    for b in BARE:
+        _requirements(b, names)
+    names |= {w.lower() for w in gpu_check.WHEELS}
+    into.mkdir()
+    for name in sorted(names):
+        dist = distribution(name)
+        base = Path(str(dist.locate_file("")))
+        tops = {Path(str(f)).parts[0] for f in dist.files or []}
+        for top in tops - {"..", "__pycache__"}:
+            src, dst = base / top, into / top
+            if src.exists() and not dst.exists():
+                dst.symlink_to(src)
+    return into
+
+
+def run_check(tmp_path: Path, *args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], dict]:
+    site = bare_site(tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-S", str(SCRIPT), "--device", "cpu", "--tiny", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout is not one line:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc, json.loads(lines[0])
+
+
+@pytest.mark.slow
+def test_gpu_check_passes_on_cpu_with_the_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    proc, line = run_check(tmp_path, "--dtype", "bf16", "--threads", "1", "--out", str(out))
+    assert proc.returncode == 0 and line["ok"], (json.dumps(line["checks"], indent=1), proc.stderr[-4000:])
+    assert json.loads(out.read_text()) == line
+    c = line["checks"]
+    assert set(c) == set(gpu_check.CHECKS)
+    assert line["device"] == "cpu" and line["dtype"] == "bf16" and line["megatron_core"]
+    hf = c["hf_logprobs"]
+    assert 0 < hf["max_abs_diff"] <= hf["tolerance"]["max"] and hf["hf_bf16_vs_fp32"]["tokens"] == hf["tokens"]
+    assert len(c["train"]["loss"]) == gpu_check.SIZES["tiny"]["steps"] + 1
+    mem = c["recompute_memory"]
+    assert 0 < mem["full"]["peak_bytes"] < mem["none"]["peak_bytes"] and mem["full_over_none"] < 1
+    pe = c["publish_engine"]
+    assert pe["untrained_publish_equals_checkpoint"] and not pe["engine_unequal"] and pe["generated"] > 0
+    assert c["throughput"]["tokens_per_s"] > 0 and c["throughput"]["mfu"] is None  # no peak on CPU
+    assert line["wall_s"] < 60
+
+
+def test_a_run_past_its_deadline_still_reports_and_fails(tmp_path: Path) -> None:
+    proc, line = run_check(tmp_path, "--deadline-s", "1", timeout=60)
+    assert proc.returncode == 1
+    assert not line["ok"] and "deadline" in line["checks"]["hf_logprobs"]["error"]
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--set", "packing"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--set 'packing': expected key=value" in proc.stderr
