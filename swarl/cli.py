@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import typer
 
-from swarl.commands import actors, broker, envd, images, inference, learner, ops, run, weights
+from swarl.commands import (
+    actors,
+    broker,
+    doctor,
+    envd,
+    images,
+    inference,
+    learner,
+    ops,
+    run,
+    weights,
+)
 
 app = typer.Typer(
     name="swarl",
@@ -33,6 +44,7 @@ app.add_typer(weights.app, name="weights")
 # end-to-end and operations
 app.command("demo")(run.demo)
 app.command("eval")(run.eval_)
+app.command("doctor")(doctor.doctor)
 ops.register(app)
 
 

@@ -26,7 +26,7 @@ log = get_logger("learner")
 MEGATRON_CORE_FLOOR = "0.15.0"
 # The TransformerEngine releases megatron-core 0.16.1 is built against: its own `dev` extra
 # (transformer-engine[core_cu13,pytorch]>=2.9.0a0,<2.12.0).
-TE_SUPPORTED = SpecifierSet(">=2.9.0a0,<2.12.0")
+TE_SUPPORTED = ">=2.9.0a0,<2.12.0"
 # What the TE layer spec turns on that the local spec cannot run without TE or apex:
 # RoPE fusion (TE's fused_apply_rotary_pos_emb), the masked-softmax fusion (Megatron-LM's compiled
 # scaled_masked_softmax_cuda, not in the megatron-core wheel) and the persistent layer norm (apex;
@@ -86,7 +86,7 @@ def transformer_engine() -> tuple[str | None, str]:
 
 def te_version_problem(version: str) -> str | None:
     try:
-        ok = Version(version) in TE_SUPPORTED
+        ok = Version(version) in SpecifierSet(TE_SUPPORTED)
     except InvalidVersion:
         return None  # a source build may report a local version string; megatron-core checks itself
     if not ok:
