@@ -102,6 +102,13 @@ class Keys:
         """Sorted set pin_id -> expiry (unix s): episodes pinned to this server."""
         return f"{self.base}:server:{server_id}:pins"
 
+    @property
+    def weight_groups(self) -> str:
+        """Hash server_id -> the name of the weight-update group a learner made with that server
+        (weight_sync's distributed transport): the next learner destroys it on the server if the
+        last one died without doing so."""
+        return f"{self.base}:weight_sync:groups"
+
     # -- actors -----------------------------------------------------------------------
     @property
     def actors(self) -> str:

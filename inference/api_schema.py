@@ -3,7 +3,7 @@ as the CPU server accepts them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -73,6 +73,20 @@ class UpdateWeightsFromDistributedReq(_Body):
     abort_all_requests: bool = False
     weight_version: str | None = None
     load_format: str | None = None
+    selector: Literal["target", "draft", "all"] = "all"
+    torch_empty_cache: bool = False
+
+
+class BeginWeightUpdateReq(_Body):
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateReq(_Body):
+    pass
+
+
+class ContinueGenerationReq(_Body):
+    torch_empty_cache: bool = True
 
 
 class DestroyWeightsUpdateGroupReq(_Body):

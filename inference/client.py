@@ -171,9 +171,23 @@ class SGLangClient:
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
         return await self._update("/destroy_weights_update_group", {"group_name": group_name})
 
+    async def begin_weight_update(self, selector: str = "all") -> dict:
+        """Open a weight-update session (SGLang >= 0.5.21 refuses update_weights_from_distributed
+        and _from_tensor outside one). The server answers once it holds its update lock, i.e.
+        after its in-flight requests end; a second begin before end is refused."""
+        return await self._update("/begin_weight_update", {"selector": selector})
+
+    async def end_weight_update(self) -> dict:
+        """Close the session begin_weight_update opened (refused when none is open)."""
+        return await self._update("/end_weight_update", {})
+
     async def get_weight_version(self) -> str:
-        data = _json_or_text(await self._request("GET", "/get_weight_version"))
-        return str(data.get("weight_version") if isinstance(data, dict) else data)
+        """The version the server reports, from /model_info (SGLang >= 0.5.21 serves no
+        /get_weight_version)."""
+        info = await self.model_info()
+        if not isinstance(info, dict) or "weight_version" not in info:
+            raise InferenceError(None, f"/model_info: no weight_version in {str(info)[:200]}")
+        return str(info["weight_version"])
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> dict:
         return await self._update("/update_weight_version", {"new_version": str(new_version),
@@ -197,11 +211,17 @@ class SGLangClient:
         resp = await self._request("POST", "/flush_cache", ok_statuses=(400,))
         return resp.status_code == 200
 
-    async def get_model_info(self) -> dict:
-        return _json_or_text(await self._request("GET", "/get_model_info"))
+    async def model_info(self) -> dict:
+        """GET /model_info: model_path, tokenizer_path, weight_version, ..."""
+        return _json_or_text(await self._request("GET", "/model_info"))
 
-    async def get_server_info(self) -> dict:
-        return _json_or_text(await self._request("GET", "/get_server_info"))
+    async def server_info(self) -> dict:
+        """GET /server_info: the startup configuration and live scheduler state."""
+        return _json_or_text(await self._request("GET", "/server_info"))
+
+    # the names callers know; SGLang serves these routes only as deprecated aliases
+    get_model_info = model_info
+    get_server_info = server_info
 
     async def health(self) -> bool:
         return await self._probe("/health", timeout_s=10)

@@ -29,6 +29,7 @@ from inference.engine import Engine, GenRequest
 from inference.membership import Membership
 from inference.openai_api import OpenAIBackend, add_openai_routes
 from inference.sampling import SamplingParams
+from inference.update_lock import OUTSIDE_SESSION, Session, UpdateLock
 
 if TYPE_CHECKING:
     from broker.config import RedisConfig
@@ -94,6 +95,8 @@ class CpuServer:
         self.engine = engine or Engine(settings.model_dir, settings.weight_version,
                                        settings.max_batch_size, settings.max_prefill_tokens, settings.seed)
         self.groups: dict[str, _Group] = {}
+        self.update_lock = UpdateLock()  # SGLang's model_update_lock (inference.update_lock)
+        self.session = Session()
         self.version_changed = asyncio.Event()
         self.membership: Membership | None = None
         if settings.redis_url:
@@ -139,13 +142,40 @@ class CpuServer:
         if rid:
             req.rid = rid
         t0 = time.monotonic()
-        self.engine.submit(req)
-        try:
-            r = await fut
-        except asyncio.CancelledError:
-            self.engine.cancel(req)
-            raise
+        async with self.update_lock.shared():  # a weight update waits for this answer
+            self.engine.submit(req)
+            try:
+                r = await fut
+            except asyncio.CancelledError:
+                self.engine.cancel(req)
+                raise
         return self._answer(r, time.monotonic() - t0, text_in_logprobs)
+
+    @contextlib.asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        """A weight update's hold on the model: the update lock, exclusive, unless generation is
+        paused (then whoever paused it owns the model, as in SGLang)."""
+        if self.engine.paused:
+            yield
+        else:
+            async with self.update_lock.exclusive():
+                yield
+
+    async def begin_session(self, req: S.BeginWeightUpdateReq) -> tuple[int, dict[str, Any]]:
+        async with self.updating():
+            why = self.session.begin(req.selector)
+        if why:
+            return 400, {"success": False, "message": why}
+        log.info("weight_update_session_begun", selector=req.selector)
+        return 200, {"success": True, "message": "Success"}
+
+    async def end_session(self) -> tuple[int, dict[str, Any]]:
+        async with self.updating():
+            why = self.session.end()
+        if why:
+            return 400, {"success": False, "message": why}
+        log.info("weight_update_session_ended")
+        return 200, {"success": True, "message": "Success"}
 
     def _answer(self, r: GenRequest, latency: float, text_in_logprobs: bool) -> dict[str, Any]:
         tok = self.engine.tokenizer
@@ -219,18 +249,18 @@ class CpuServer:
             return 400, {"success": False, "message": f"Failed to update weights: {e}. Kept the old weights.",
                          "num_paused_requests": 0}
 
-        def apply() -> int:
-            n = self.engine.abort(abort_all=True, message="Aborted by update_weights_from_disk") \
-                if req.abort_all_requests else 0
+        def apply() -> None:
             load_into(self.engine.model, tensors, partial=False)
             self.engine.model_dir = req.model_path
             if req.weight_version is not None:
                 self.engine.weight_version = str(req.weight_version)
             self.engine.stats.weight_updates += 1
-            return n
 
+        # as SGLang: requests are aborted before the update waits for the ones in flight
+        n = await self._abort_all("update_weights_from_disk") if req.abort_all_requests else 0
         try:
-            n = await self.engine.acall(apply)
+            async with self.updating():
+                await self.engine.acall(apply)
         except WeightsError as e:
             return 400, {"success": False, "message": f"Failed to update weights: {e}. Kept the old weights.",
                          "num_paused_requests": 0}
@@ -268,7 +298,18 @@ class CpuServer:
             raise ApiError(400, str(e)) from None
         return group
 
+    async def _abort_all(self, why: str) -> int:
+        return await self.engine.acall(lambda: self.engine.abort(abort_all=True, message=f"Aborted by {why}"))
+
     async def update_from_distributed(self, req: S.UpdateWeightsFromDistributedReq) -> tuple[int, dict[str, Any]]:
+        if req.abort_all_requests:
+            await self._abort_all("update_weights_from_distributed")
+        async with self.updating():
+            if not self.session.open:  # refused before any tensor is received, as SGLang
+                return 400, {"success": False, "message": OUTSIDE_SESSION}
+            return await self._update_from_distributed(req)
+
+    async def _update_from_distributed(self, req: S.UpdateWeightsFromDistributedReq) -> tuple[int, dict[str, Any]]:
         from inference.dist_group import first_difference
         from inference.weights import WeightsError, load_into, torch_dtype
 
@@ -299,14 +340,11 @@ class CpuServer:
                          f"server received different bytes ({differ}). Kept the old weights."}
         received = dict(zip(req.names, per_rank[0], strict=True))
 
-        def apply() -> int:
-            n = self.engine.abort(abort_all=True, message="Aborted by update_weights_from_distributed") \
-                if req.abort_all_requests else 0
+        def apply() -> None:
             load_into(self.engine.model, received, partial=True)
             if req.weight_version is not None:
                 self.engine.weight_version = str(req.weight_version)
             self.engine.stats.weight_updates += 1
-            return n
 
         try:
             await self.engine.acall(apply)
@@ -414,6 +452,17 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         status, body = await srv().update_from_distributed(req)
         return JSONResponse(body, status_code=status)
 
+    @app.post("/begin_weight_update")
+    async def begin_weight_update(request: Request):
+        status, body = await srv().begin_session(S.parse(S.BeginWeightUpdateReq, await body_of(request)))
+        return JSONResponse(body, status_code=status)
+
+    @app.post("/end_weight_update")
+    async def end_weight_update(request: Request):
+        S.parse(S.EndWeightUpdateReq, await body_of(request))
+        status, body = await srv().end_session()
+        return JSONResponse(body, status_code=status)
+
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(request: Request):
         req = S.parse(S.DestroyWeightsUpdateGroupReq, await body_of(request))
@@ -431,10 +480,6 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
 
     add_openai_routes(app, openai_backend)  # /v1/models, /v1/completions, /v1/chat/completions
 
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        return {"weight_version": srv().engine.weight_version}
-
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request):
         req = S.parse(S.UpdateWeightVersionReq, await body_of(request))
@@ -447,7 +492,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
 
         await eng.acall(apply)
         srv().version_changed.set()
-        return {"success": True, "message": f"Weight version updated to {req.new_version}."}
+        return {"success": True, "message": f"Weight version updated to {req.new_version}",
+                "new_version": req.new_version}
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
@@ -457,7 +503,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         return PAUSE_OK
 
     @app.post("/continue_generation")
-    async def continue_generation():
+    async def continue_generation(request: Request):
+        S.parse(S.ContinueGenerationReq, await body_of(request))
         await srv().engine.acall(srv().engine.resume)
         log.info("generation_continued")
         return CONTINUE_OK
@@ -466,7 +513,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     async def abort_request(request: Request):
         req = S.parse(S.AbortReq, await body_of(request))
         n = await srv().engine.acall(lambda: srv().engine.abort(req.rid, req.abort_all))
-        return {"success": True, "num_aborted": n}
+        log.info("requests_aborted", rid=req.rid, abort_all=req.abort_all, aborted=n)
+        return Response(status_code=200)  # SGLang answers an empty 200
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -478,17 +526,27 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there "
                                  "are running or waiting requests, the operation will not be performed.)\n")
 
-    @app.get("/get_model_info")
-    async def get_model_info():
+    @app.get("/model_info")
+    async def model_info():
         eng = srv().engine
-        return {"model_path": eng.model_dir, "tokenizer_path": settings.model_dir, "is_generation": True,
+        return {"model_path": eng.model_dir, "served_model_name": settings.model_dir,
+                "tokenizer_path": settings.model_dir, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": eng.weight_version,
-                "has_image_understanding": False, "has_audio_understanding": False,
-                "model_type": getattr(eng.config, "model_type", None),
+                "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+                "disaggregation_mode": "null", "has_image_understanding": False,
+                "has_audio_understanding": False, "model_type": getattr(eng.config, "model_type", None),
                 "architectures": getattr(eng.config, "architectures", None)}
 
-    @app.get("/get_server_info")
+    @app.get("/get_model_info")  # deprecated in SGLang, still served
+    async def get_model_info():
+        return await model_info()
+
+    @app.get("/get_server_info")  # deprecated in SGLang, still served
     async def get_server_info():
+        return await server_info()
+
+    @app.get("/server_info")
+    async def server_info():
         eng = srv().engine
         stats = vars(eng.stats).copy()
         return {"model_path": settings.model_dir, "host": settings.host, "port": settings.port,

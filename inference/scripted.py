@@ -2,8 +2,9 @@
 
 `ScriptedPolicy` answers fixed turns per instance (the Policy protocol, in-process; a row's
 `swarl_scripted_mode` overrides the server's mode); `swarl scripted-policy serve` serves the
-same answers over SGLang's /generate API (plus /get_weight_version, /update_weight_version,
-/health, /health_generate, /get_model_info), with SGLang's API-key rule (inference.api_schema),
+same answers over SGLang's /generate API (plus /update_weight_version, /update_weights_from_disk,
+/health, /health_generate, /model_info and its deprecated alias /get_model_info, in SGLang
+0.5.23's shapes), with SGLang's API-key rule (inference.api_schema),
 plus the OpenAI-style /v1 routes (inference.openai_api), and registers in the server registry as
 ready, so `swarl actor` uses it like any inference server. `--mode judge` makes it a process
 reward model's stand-in (ScriptedJudge: known votes per instance and step, role prm).
@@ -260,17 +261,14 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
     add_openai_routes(app, lambda: OpenAIBackend(model_id=model_path or "scripted", tokenizer=policy.tok,
                                                  generate=openai_generate))
 
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> Any:
-        return {"weight_version": policy.weight_version}
-
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Any:
         body = await request.json()
         if not isinstance(body, dict) or "new_version" not in body:
             return err(400, "new_version: missing")
         policy.weight_version = str(body["new_version"])
-        return {"success": True, "message": "ok"}
+        return {"success": True, "message": f"Weight version updated to {policy.weight_version}",
+                "new_version": policy.weight_version}
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> Any:
@@ -301,9 +299,11 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
     async def health() -> Any:
         return JSONResponse({}, status_code=200)
 
-    @app.get("/get_model_info")
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # deprecated in SGLang, still served
     async def model_info() -> Any:
-        return {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,
+        return {"model_path": model_path, "served_model_name": model_path, "tokenizer_path": model_path,
+                "is_generation": True, "preferred_sampling_params": None,
                 "weight_version": policy.weight_version, "scripted_mode": policy.mode}
 
     return app

@@ -19,7 +19,8 @@ class WeightSyncConfig(Section):
         "tensor-parallel size, the size of its group, is unknown).",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="Distributed backend: auto = nccl when the tensors are on CUDA, else gloo."
+        "auto", description="Distributed backend: auto = nccl when the learner has CUDA "
+        "(torch.cuda.is_available(); each bucket is moved to its GPU before the broadcast), else gloo.",
     )
     keep_versions: int = Field(
         3, ge=1, description="Checkpoints kept under <run.dir>/weights; older ones are deleted "
@@ -70,7 +71,14 @@ class WeightSyncConfig(Section):
         "127.0.0.1", description="Distributed: address servers use to reach the learner's rank 0."
     )
     group_timeout_s: float = Field(
-        60.0, gt=0, description="Distributed: bound on making a group and on each collective."
+        60.0, gt=0, description="Distributed: bound on making a group and on each bucket (the "
+        "server's answer and rank 0's broadcast together); the group's own timeout is twice this, "
+        "so rank 0 gives up, and aborts the group, before NCCL's watchdog would end the learner.",
+    )
+    begin_timeout_s: float = Field(
+        60.0, gt=0, description="Distributed: bound on a server's /begin_weight_update answer (SGLang "
+        "answers once its requests in flight have ended). Past it, or on a refusal, nothing has been "
+        "sent: the server keeps its weights and is updated from disk.",
     )
     group_store_prefix: bool = Field(
         True, description="Distributed: wrap the rendezvous store in PrefixStore(group_name), as "

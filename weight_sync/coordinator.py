@@ -3,8 +3,8 @@ at a time, so rollout never stops as a whole and no pinned episode sees its vers
 
 Per server: draining (the pin script skips it) → wait until its pins reach 0 (or
 drain_timeout_s: "wait" longer, or "proceed" and count the episodes that change version) →
-updating → load the version through a transport → /get_weight_version must equal the target →
-ready at the target. At most max_updating servers load at once. Draining a server that still takes
+updating → load the version through a transport → the weight_version on /model_info must equal
+the target → ready at the target. At most max_updating servers load at once. Draining a server that still takes
 new pins (one at the newest version any ready server has) costs rollout capacity: at most
 max_updating of those are under way at once, and only while min_ready others stay ready. A server
 behind a ready one takes no new pins (the pin script prefers the newest version), so draining it
@@ -21,7 +21,10 @@ nothing is published a starting server keeps its base weights. A version a trans
 deliver (a checkpoint that fails verification) is refused before any server is touched and
 looked at again after retry_failed_s. A failed update leaves the server at its old version:
 "ready" with the error when the server answered that it kept its old weights, else "failed";
-either way it is tried again after retry_failed_s, and the run goes on.
+either way it is tried again after retry_failed_s, and the run goes on. A server whose update
+over its distributed group failed (it refused, died, or was slow to begin its session; see
+weight_sync.update_group) is not given that version over the group again: it loads it from disk,
+at once if the checkpoint is recorded, else as soon as it is.
 
 The draining and updating states are leased (weight_sync.lease_s, renewed while this
 coordinator works on the server): if the coordinator dies — the learner killed mid-publish — the
@@ -103,13 +106,14 @@ class Coordinator:
         self.client_factory = client_factory
         self.disk = DiskTransport(self.policy)
         self.base = BaseWeights()
-        self.distributed = (DistributedTransport(cfg, keys.run) if cfg.transport == "distributed"
-                            else None)
+        self.distributed = (DistributedTransport(cfg, keys.run, redis, keys.weight_groups)
+                            if cfg.transport == "distributed" else None)
         self.in_flight: dict[str, int | None] = {}  # server id -> target (None: draining)
         self.costly: set[str] = set()  # in flight while taking pins would have cost capacity
         self._loads = asyncio.Semaphore(cfg.max_updating)
         self.tasks: set[asyncio.Task[None]] = set()
-        self.failed_at: dict[tuple[str, int], float] = {}  # (server, version) -> time of failure
+        self.failed_at: dict[tuple[str, int, str], float] = {}  # (server, version, transport) -> time
+        self.dist_failed: dict[str, int] = {}     # server -> version its distributed update failed at
         self.attempted: dict[str, int] = {}       # server -> newest version tried (ok or not)
         self.refused: dict[tuple[str, int], tuple[float, str]] = {}  # (transport, version) -> (time, reason)
         self.meta_invalid: set[str] = set()       # servers told (logged) that they get no group
@@ -246,7 +250,7 @@ class Coordinator:
         if s.state == "ready" and have >= target:
             return None
         now = time.monotonic()
-        t_fail = self.failed_at.get((s.id, target))
+        t_fail = self.failed_at.get((s.id, target, transport.name))
         if t_fail is not None and now - t_fail < self.cfg.retry_failed_s:
             return None
         refused = self.refused.get((transport.name, target))
@@ -257,7 +261,8 @@ class Coordinator:
     def _transport_for(self, s: ServerInfo, current: int) -> tuple[Transport[Any], int]:
         dist = self.distributed
         held = dist.held if dist is not None else None
-        if dist is not None and held is not None and s.state == "ready" and (s.version or 0) < held:
+        if dist is not None and held is not None and s.state == "ready" and (s.version or 0) < held \
+                and self.dist_failed.get(s.id) != held:
             if s.meta is not None:
                 return dist, held
             self._no_group(s)
@@ -329,7 +334,9 @@ class Coordinator:
             result.ok = True
             self.metrics["updates_ok"] += 1
             self.metrics["bytes_sent"] += result.bytes
-            self.failed_at.pop((s.id, target), None)
+            self.failed_at.pop((s.id, target, transport.name), None)
+            if transport is self.distributed:
+                self.dist_failed.pop(s.id, None)
         except asyncio.CancelledError:
             # Stopped (learner exiting) while draining: give the server back to the actors.
             if touched and self.in_flight.get(s.id) is None and serving:
@@ -356,7 +363,9 @@ class Coordinator:
         """An update of `s` to `target` failed: remembered (tried again after retry_failed_s),
         and the server leaves "draining"/"updating" at its old version."""
         result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        self.failed_at[(s.id, target)] = time.monotonic()
+        self.failed_at[(s.id, target, transport.name)] = time.monotonic()
+        if transport is self.distributed:
+            self.dist_failed[s.id] = target  # this version reaches it from disk (see _transport_for)
         self.metrics["updates_failed"] += 1
         try:
             await transport.forget(s.id)  # e.g. a broken group: made again at the next update

@@ -31,8 +31,8 @@ class WeightPublisher(Protocol):
 
 
 class ServerClient(Protocol):
-    """The calls weight_sync makes to one inference server (SGLang's weight-update API; the
-    update calls answer {"success": bool, "message": str})."""
+    """The calls weight_sync makes to one inference server (SGLang 0.5.23's weight-update API;
+    the update calls answer {"success": bool, "message": str})."""
 
     url: str
 
@@ -50,7 +50,13 @@ class ServerClient(Protocol):
 
     async def destroy_weights_update_group(self, group_name: str = ...) -> dict[str, Any]: ...
 
-    async def get_weight_version(self) -> str: ...
+    async def begin_weight_update(self, selector: str = ...) -> dict[str, Any]: ...
+
+    async def end_weight_update(self) -> dict[str, Any]: ...
+
+    async def get_weight_version(self) -> str:
+        """The weight_version the server reports (SGLang: GET /model_info)."""
+        ...
 
     async def aclose(self) -> None: ...
 

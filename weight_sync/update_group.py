@@ -6,13 +6,31 @@ its own — never the default group, so a learner that uses torch.distributed fo
 disturbed, and many groups can live and die in one process. Rank layout: the trainer is rank 0,
 server i joins at rank_offset = 1 + the tp sizes of the servers before it (its tensor-parallel
 ranks at rank_offset + tp_rank), world_size = 1 + all tp sizes.
+
+What SGLang 0.5.23 requires, and the order this module keeps:
+1. `session()`: /begin_weight_update, answered once the server holds its model-update lock (its
+   requests in flight have ended); update_weights_from_distributed is refused outside a session.
+   The answer is read before rank 0 touches any collective; a refusal or a slow answer ends
+   the update there (ServerRefused: the server kept its old weights). /end_weight_update closes
+   the session on every way out.
+2. `connect()`: /init_weights_update_group while rank 0 makes its side of the group.
+3. `send()`: per bucket, /update_weights_from_distributed (the metadata) while rank 0
+   broadcasts; SGLang answers only after it received the bucket.
+In 2 and 3 the HTTP answers and rank 0's collective are awaited together, each bounded by
+timeout_s: the first refusal, error or timeout ends the update at once instead of leaving rank 0
+in the collective. The group is then broken: aborted (that ends an NCCL collective; a gloo one
+ends at its own timeout, timeout_s, on a thread nobody waits for) and destroyed once its thread
+is done. The process group's own timeout is twice timeout_s, so rank 0 gives up and aborts
+before NCCL's watchdog would take the learner down.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 
@@ -20,7 +38,7 @@ import torch
 
 from common.logs import get_logger
 from common.services import free_port
-from weight_sync.protocols import ServerClient
+from weight_sync.protocols import ServerClient, ServerRefused
 
 log = get_logger("weight_sync")
 
@@ -70,6 +88,71 @@ def destroy_process_group(pg: Any) -> None:
         log.warning("destroy_group_failed", error=str(e))
 
 
+def resolve_backend(backend: str, cuda_available: bool | None = None) -> str:
+    """The group's backend: `auto` is nccl when this process (the learner's rank 0) has CUDA,
+    gloo otherwise; nccl and gloo are taken as asked."""
+    if backend not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"weight_sync.backend: expected auto, nccl or gloo, got {backend!r}")
+    if backend != "auto":
+        return backend
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return "nccl" if cuda_available else "gloo"
+
+
+def send_device(backend: str) -> str:
+    """Where rank 0's tensors must be for the backend: NCCL sends from this rank's GPU (one
+    bucket at a time is moved there), gloo from the CPU."""
+    if backend != "nccl":
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def _ok(ans: Any) -> bool:
+    return not (isinstance(ans, dict) and ans.get("success") is False)
+
+
+def _why(ans: Any) -> str:
+    return str(ans.get("message")) if isinstance(ans, dict) else str(ans)
+
+
+@contextlib.asynccontextmanager
+async def session(client: ServerClient, member: str, timeout_s: float) -> AsyncIterator[None]:
+    """A weight-update session on one server: begin (bounded; a refusal or no answer within
+    timeout_s raises ServerRefused: nothing has been sent, the server keeps its weights), the
+    body, then end, also when the body failed (bounded, best effort: a server that died or
+    left it open is dealt with at its next begin).
+
+    A session already open was left by a learner killed mid-update (while this coordinator
+    holds the server's update lease nobody else updates it): it is ended and begun again."""
+    async def begin() -> Any:
+        try:
+            return await asyncio.wait_for(client.begin_weight_update(), timeout_s)
+        except TimeoutError:
+            raise ServerRefused(f"begin_weight_update: no answer within {timeout_s:g}s (the server "
+                                "waits for its requests in flight)") from None
+        except Exception as e:
+            raise ServerRefused(f"begin_weight_update: {type(e).__name__}: {e}") from e
+
+    ans = await begin()
+    if not _ok(ans) and "already open" in _why(ans):
+        log.warning("stale_weight_update_session_ended", server=member)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.end_weight_update(), timeout_s)
+        ans = await begin()
+    if not _ok(ans):
+        raise ServerRefused(f"begin_weight_update: {_why(ans)}")
+    try:
+        yield
+    finally:
+        try:
+            ans = await asyncio.wait_for(client.end_weight_update(), timeout_s)
+            if not _ok(ans):
+                log.warning("end_weight_update_refused", server=member, message=_why(ans))
+        except Exception as e:
+            log.warning("end_weight_update_failed", server=member, error=repr(e))
+
+
 def rank_layout(tp_sizes: Sequence[int]) -> tuple[list[int], int]:
     """rank_offset per server and world_size for one trainer rank plus these servers."""
     offsets, nxt = [], 1
@@ -101,7 +184,9 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
 
 @dataclass
 class UpdateGroup:
-    """Rank 0 of one weight-update group over `members` (server ids with their clients)."""
+    """Rank 0 of one weight-update group over `members` (server ids with their clients). Every
+    method is bounded (see the module doc); a group whose collective was cut short is `broken`
+    and must be closed and made again."""
 
     name: str
     members: list[str]
@@ -113,52 +198,38 @@ class UpdateGroup:
     device: str = "cpu"
     prefix_store: bool = True
     pg: Any = None
+    broken: str = ""
+    _threads: set[asyncio.Future[Any]] = field(default_factory=set, repr=False)
 
     async def connect(self) -> None:
-        """Every server's /init_weights_update_group runs while rank 0 joins (SGLang's order)."""
+        """Every server's /init_weights_update_group runs while rank 0 joins (SGLang's order);
+        a server that refuses ends the join at once (ServerRefused)."""
         offsets, world = rank_layout(self.tp_sizes)
         port = free_port(self.master_address)
         init = f"tcp://{self.master_address}:{port}"
+        join = self._thread(init_custom_process_group, self.backend, init, world, 0, self.name,
+                            timedelta(seconds=2 * self.timeout_s), self.prefix_store)
         calls = [
-            asyncio.create_task(c.init_weights_update_group(
+            asyncio.ensure_future(c.init_weights_update_group(
                 master_address=self.master_address, master_port=port, rank_offset=off,
                 world_size=world, group_name=self.name, backend=self.backend))
             for c, off in zip(self.clients, offsets, strict=True)
         ]
         try:
-            self.pg = await asyncio.wait_for(asyncio.to_thread(
-                init_custom_process_group, self.backend, init, world, 0, self.name,
-                timedelta(seconds=self.timeout_s), self.prefix_store), self.timeout_s + 5)
-            answers = await asyncio.wait_for(asyncio.gather(*calls), self.timeout_s)
-        except BaseException:
-            for t in calls:
-                t.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
-            if self.pg is not None:
-                destroy_process_group(self.pg)
-                self.pg = None
+            self.pg = await self._together(join, calls, "init_weights_update_group")
+        except ServerRefused:
+            await self.close()
             raise
-        for member, ans in zip(self.members, answers, strict=True):
-            if isinstance(ans, dict) and ans.get("success") is False:
-                await self.close()
-                raise RuntimeError(f"server {member}: init_weights_update_group: {ans.get('message')}")
         log.info("group_made", group=self.name, members=self.members, world_size=world,
                  backend=self.backend)
-
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        import torch.distributed as dist
-
-        works = [dist.broadcast(t, 0, group=self.pg, async_op=True) for t in tensors]
-        for w in works:
-            w.wait(timedelta(seconds=self.timeout_s))
 
     async def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int,
                    bucket_bytes: int) -> int:
         """Send all tensors bucket by bucket: POST the bucket's metadata to every member and
         broadcast its tensors at the same time; weight_version rides on the last bucket only,
         so a server reports the new version once it holds all of it. Returns bytes sent."""
-        if self.pg is None:
-            raise RuntimeError(f"group {self.name} is not connected")
+        if self.pg is None or self.broken:
+            raise RuntimeError(f"group {self.name} is not usable ({self.broken or 'not connected'})")
         sent = 0
         pending: list[tuple[str, torch.Tensor]] | None = None
         for bucket in buckets(named, bucket_bytes):
@@ -174,35 +245,112 @@ class UpdateGroup:
         tensors = [t.detach().to(self.device).contiguous() for _, t in bucket]
         last = version is not None
         calls = [
-            asyncio.create_task(c.update_weights_from_distributed(
+            asyncio.ensure_future(c.update_weights_from_distributed(
                 names=[n for n, _ in bucket], dtypes=[dtype_name(t.dtype) for t in tensors],
                 shapes=[list(t.shape) for t in tensors], group_name=self.name,
                 flush_cache=last, weight_version=str(version) if last else None))
             for c in self.clients
         ]
-        try:
-            await asyncio.wait_for(asyncio.to_thread(self._broadcast, tensors), self.timeout_s + 5)
-            answers = await asyncio.wait_for(asyncio.gather(*calls), self.timeout_s)
-        except BaseException:
-            for t in calls:
-                t.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
-            raise
-        for member, ans in zip(self.members, answers, strict=True):
-            if isinstance(ans, dict) and ans.get("success") is False:
-                raise RuntimeError(f"server {member}: update_weights_from_distributed: "
-                                   f"{ans.get('message')}")
+        await self._together(self._thread(self._broadcast, tensors), calls,
+                             "update_weights_from_distributed")
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    async def close(self) -> None:
-        """Destroy the group on the servers (best effort: one may be gone) and here."""
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        works = [dist.broadcast(t, 0, group=self.pg, async_op=True) for t in tensors]
+        for w in works:
+            w.wait(timedelta(seconds=self.timeout_s))
+
+    def _thread(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
+        fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._threads.add(fut)
+        fut.add_done_callback(self._threads.discard)
+        return fut
+
+    async def _together(self, collective: asyncio.Future[Any], calls: Sequence[asyncio.Future[Any]],
+                        what: str) -> Any:
+        """Await rank 0's `collective` and the servers' answers to `what` together, at most
+        timeout_s; the first refusal, error or timeout breaks the group and raises (ServerRefused
+        for a refusal). Returns the collective's result."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        pending: set[asyncio.Future[Any]] = {collective, *calls}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    late = [m for m, c in zip(self.members, calls, strict=True) if not c.done()]
+                    who = f"servers {late}" if late else "rank 0's collective"
+                    raise TimeoutError(f"group {self.name}: {what}: no answer from {who} within "
+                                       f"{self.timeout_s:g}s")
+                for fut in done:
+                    if fut is collective:
+                        fut.result()  # rank 0's error, if any
+                        continue
+                    member = self.members[calls.index(fut)]
+                    ans = fut.result()  # a transport error propagates
+                    if not _ok(ans):
+                        raise ServerRefused(f"server {member}: {what}: {_why(ans)}")
+            return collective.result()
+        except BaseException as e:
+            for c in calls:
+                c.cancel()
+            self._break(f"{what}: {type(e).__name__}: {e}", collective)
+            raise
+
+    def _break(self, why: str, collective: asyncio.Future[Any]) -> None:
+        """Give up on the group: abort it (ends an NCCL collective in flight) and destroy it
+        once rank 0's thread is done (a gloo collective ends at its own timeout)."""
+        if not self.broken:
+            self.broken = why
+            log.warning("group_broken", group=self.name, why=why[:300])
+        pg = self.pg
+        if pg is None and collective.done() and not collective.cancelled() \
+                and collective.exception() is None:
+            pg = collective.result()  # joined just as a server refused
+        self.pg = None
+        if pg is None:
+            if not collective.done():  # a join still under way: destroy what it makes
+                collective.add_done_callback(_destroy_result)
+            return
+        if self.backend == "nccl":
+            with contextlib.suppress(Exception):
+                pg.abort()
+        if collective.done():
+            _destroy_later(pg)
+        else:
+            collective.add_done_callback(lambda _f: _destroy_later(pg))
+
+    async def close(self) -> bool:
+        """Destroy the group on the servers (bounded, best effort: one may be gone) and here;
+        True when every server answered (destroyed, or never had it)."""
         res = await asyncio.gather(*[
             asyncio.wait_for(c.destroy_weights_update_group(group_name=self.name), 10)
             for c in self.clients], return_exceptions=True)
+        answered = True
         for member, r in zip(self.members, res, strict=True):
             if isinstance(r, BaseException):
+                answered = False
                 log.warning("destroy_group_on_server_failed", group=self.name, server=member,
                             error=repr(r))
         if self.pg is not None:
             pg, self.pg = self.pg, None
-            await asyncio.to_thread(destroy_process_group, pg)
+            busy = [t for t in self._threads if not t.done()]
+            if busy:  # a collective still on its thread: destroy after it
+                busy[0].add_done_callback(lambda _f: _destroy_later(pg))
+            else:
+                await asyncio.to_thread(destroy_process_group, pg)
+        return answered
+
+
+def _destroy_later(pg: Any) -> None:
+    """Destroy `pg` off the event loop, without waiting (called from done callbacks)."""
+    loop = asyncio.get_event_loop()
+    loop.run_in_executor(None, destroy_process_group, pg)
+
+
+def _destroy_result(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is None and fut.result() is not None:
+        _destroy_later(fut.result())

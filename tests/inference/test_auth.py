@@ -14,8 +14,8 @@ from inference.client import InferenceError, SGLangClient
 from inference.local_server import CpuServerHandle, start_scripted_server
 
 ROW = {"instance_id": "auth__t-1", "problem_statement": "[auth] nothing to fix", "swarl_fix_command": "true"}
-PROTECTED = [("POST", "/generate"), ("GET", "/get_model_info"), ("POST", "/update_weights_from_disk"),
-             ("GET", "/get_weight_version"), ("POST", "/update_weight_version")]
+PROTECTED = [("POST", "/generate"), ("GET", "/model_info"), ("GET", "/get_model_info"),
+             ("POST", "/update_weights_from_disk"), ("POST", "/update_weight_version")]
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,9 @@ async def test_everything_but_probes_needs_the_key(server):
         assert (await http.options("/generate")).status_code != 401
         # the scheme is case-insensitive, the key is not
         for scheme in ("Bearer", "bearer", "BEARER"):
-            r = await http.get("/get_weight_version", headers={"Authorization": f"{scheme} {server.api_key}"})
+            r = await http.get("/model_info", headers={"Authorization": f"{scheme} {server.api_key}"})
             assert r.status_code == 200 and "weight_version" in r.json(), scheme
-        r = await http.get("/get_weight_version", headers={"Authorization": f"Bearer {server.api_key.upper()}"})
+        r = await http.get("/model_info", headers={"Authorization": f"Bearer {server.api_key.upper()}"})
         assert r.status_code == 401
     async with SGLangClient(server.url, api_key="wrong", retries=0) as c:
         with pytest.raises(InferenceError) as ei:

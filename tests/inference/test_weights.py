@@ -5,6 +5,7 @@ acting as tensor-parallel size 2 beside a tp-1 server in one group."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -16,7 +17,7 @@ from inference.client import SGLangClient
 from inference.dist_group import first_difference
 from inference.tiny_model import init_tiny
 from inference.weights import checksum, named_weights, read_safetensors_dir
-from weight_sync.update_group import UpdateGroup
+from weight_sync.update_group import UpdateGroup, session
 
 PROMPT = [1, 846, 1045, 97, 300, 12]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -73,14 +74,18 @@ async def test_update_from_disk_changes_outputs_and_version(client, server, tiny
 
 async def _distributed_update(clients: list[SGLangClient], tp_sizes: list[int], tensors: dict[str, torch.Tensor],
                               group: str, version: int, bucket_bytes: int = 1 << 20) -> None:
-    """Rank 0 of a group over `clients`: send every tensor (several buckets), then destroy the group."""
-    g = UpdateGroup(name=group, members=[c.url for c in clients], clients=clients, tp_sizes=tp_sizes,
-                    backend="gloo", timeout_s=90)
-    await asyncio.wait_for(g.connect(), 120)
-    try:
-        await asyncio.wait_for(g.send(tensors.items(), version, bucket_bytes), 120)
-    finally:
-        await g.close()
+    """Rank 0 of a group over `clients`, in a weight-update session on each: send every tensor
+    (several buckets), then destroy the group."""
+    async with contextlib.AsyncExitStack() as stack:
+        for c in clients:
+            await stack.enter_async_context(session(c, c.url, 60))
+        g = UpdateGroup(name=group, members=[c.url for c in clients], clients=clients, tp_sizes=tp_sizes,
+                        backend="gloo", timeout_s=90)
+        await asyncio.wait_for(g.connect(), 120)
+        try:
+            await asyncio.wait_for(g.send(tensors.items(), version, bucket_bytes), 120)
+        finally:
+            await g.close()
 
 
 async def test_update_from_distributed_is_bit_identical(client, server, tiny_model_dir, other_model):
@@ -108,7 +113,12 @@ async def test_distributed_update_with_wrong_names_keeps_weights(client, server)
     with pytest.raises(RuntimeError, match="no_such"):
         await _distributed_update([client], [1], {"model.no_such.weight": torch.ones(3)}, "bad_group", 99)
     assert await server_checksum(server) == before and await client.get_weight_version() != "99"
-    missing = await client.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="nope")
+    # outside a session it is refused before anything is received, as by SGLang 0.5.23
+    outside = await client.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="nope")
+    assert outside == {"success": False, "message": "update_weights_from_distributed must run between "
+                       "begin_weight_update() and end_weight_update()"}
+    async with session(client, "cpu", 10):
+        missing = await client.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="nope")
     assert missing["success"] is False and "nope" in missing["message"]
 
 
@@ -152,7 +162,8 @@ async def test_ranks_that_do_not_fit_the_group_are_refused(tp2_server, rank_offs
     async with SGLangClient(tp2_server.url, api_key=tp2_server.api_key, retries=0) as c:
         ans = await c.init_weights_update_group("127.0.0.1", 1, rank_offset, world_size, group_name="g")
         assert ans["success"] is False and why in ans["message"], ans
-        missing = await c.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="g")
+        async with session(c, "tp2", 10):
+            missing = await c.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="g")
         assert missing["success"] is False and "no weight update group 'g'" in missing["message"]
 
 
@@ -203,3 +214,27 @@ async def test_abort_request_by_rid_and_update_weight_version(client):
     ans = await client.update_weight_version("17")
     assert ans["success"] is True and await client.get_weight_version() == "17"
     assert (await client.get_model_info())["weight_version"] == "17"
+
+
+async def test_weight_update_sessions_as_sglang(client):
+    from inference.update_lock import NO_SESSION, SESSION_OPEN
+
+    assert await client.end_weight_update() == {"success": False, "message": NO_SESSION}
+    long = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 100_000, "ignore_eos": True}))
+    for _ in range(500):
+        if (await client.get_server_info())["internal_states"][0]["num_running"]:
+            break
+        await asyncio.sleep(0.02)
+    # begin waits for the model-update lock: until the request in flight has ended
+    begin = asyncio.create_task(client.begin_weight_update())
+    await asyncio.sleep(1.0)
+    assert not begin.done() and not long.done()
+    await client.abort_request(abort_all=True)
+    assert (await asyncio.wait_for(long, 30)).finish_reason["type"] == "abort"
+    assert await asyncio.wait_for(begin, 30) == {"success": True, "message": "Success"}
+    try:
+        assert await client.begin_weight_update() == {"success": False, "message": SESSION_OPEN}
+        # a session does not hold generation back
+        assert (await client.generate(PROMPT, GREEDY)).completion_tokens == 16
+    finally:
+        assert await client.end_weight_update() == {"success": True, "message": "Success"}

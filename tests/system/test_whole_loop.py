@@ -139,7 +139,7 @@ async def check_invariants(o: Outcome, max_staleness: int) -> list[tuple[int, li
     # every server ends at the newest version; no container left on our envd node
     async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {KEY}"}) as http:
         for s in o.servers:
-            got = (await http.get(f"{s.url}/get_weight_version")).json()["weight_version"]
+            got = (await http.get(f"{s.url}/model_info")).json()["weight_version"]
             assert str(got) == str(o.current), (s.url, got, o.current)
         status = (await http.get(f"{o.envd.url}/status",
                                  headers={"Authorization": f"Bearer {o.envd.token}"})).json()

@@ -16,7 +16,7 @@ from broker.registry import ServerRegistry
 
 async def _version(url: str) -> str:
     async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
-        return str((await c.get(f"{url}/get_weight_version")).json()["weight_version"])
+        return str((await c.get(f"{url}/model_info")).json()["weight_version"])
 
 
 async def test_a_clean_stop_finishes_the_last_rollout_and_a_crash_does_not_wait(
