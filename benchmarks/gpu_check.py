@@ -300,12 +300,13 @@ def gap(got: list[Any], ref: list[Any]) -> dict[str, float]:
 
 
 def tolerance(dtype: str, noise: dict[str, float] | None) -> dict[str, float]:
-    """fp32: fixed. bf16: twice transformers' own bf16-vs-fp32 gap on the same tokens, plus a
-    floor (a wrong conversion is off by the logprobs' spread, ~1 nat on these models)."""
+    """fp32: fixed. bf16: three times transformers' own bf16-vs-fp32 gap on the same tokens plus
+    a floor: the two bf16 paths round differently (Megatron's norms and RoPE run in bf16), while
+    a wrong conversion is off by the logprobs' spread, ~1 nat on these models."""
     if dtype == "fp32":
         return {"mean": 1e-4, "max": 2e-3}
     n = noise or {"mean_abs_diff": 0.05, "max_abs_diff": 0.5}
-    return {"mean": 2 * n["mean_abs_diff"] + 0.01, "max": 2 * n["max_abs_diff"] + 0.1}
+    return {"mean": 3 * n["mean_abs_diff"] + 0.02, "max": 3 * n["max_abs_diff"] + 0.2}
 
 
 def within(g: dict[str, float], tol: dict[str, float]) -> bool:
@@ -349,7 +350,7 @@ def _free() -> None:
 
 
 # -- the run --------------------------------------------------------------------------------
-def learner_fields(args: argparse.Namespace, te: bool) -> dict[str, Any]:
+def learner_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The learner settings of every backend the run builds (recompute aside), --set applied;
     a setting LearnerConfig refuses is a SystemExit(2) naming it."""
     from pydantic import ValidationError
@@ -360,9 +361,7 @@ def learner_fields(args: argparse.Namespace, te: bool) -> dict[str, Any]:
     size = SIZES["tiny" if args.tiny else "full"]
     fields: dict[str, Any] = {
         "backend": "megatron", "dtype": args.dtype, "lr": 1e-3, "grad_clip": 1.0,
-        "max_tokens_per_microbatch": size["budget"], "rollout_temperature": 1.0,
-        # the local layer spec (no TransformerEngine) runs padded rows only
-        "packing": te or args.device == "cpu"}
+        "max_tokens_per_microbatch": size["budget"], "rollout_temperature": 1.0}
     for s in args.sets:
         k, sep, v = s.partition("=")
         if not sep or not k:
@@ -392,7 +391,7 @@ class Check:
         self.size = SIZES["tiny" if args.tiny else "full"]
         self.model_dir = work / "model"
         self.torch = torch
-        self.fields = learner_fields(args, te=bool(report.info["transformer_engine"]))
+        self.fields = learner_fields(args)
         self.noise: dict[str, float] | None = None
         self.be: Any = None
         self.trained: dict[str, Any] | None = None
@@ -422,6 +421,8 @@ class Check:
         self.be = rep.phase("build", lambda: self.backend("none"), fails=CHECKS)
         if self.be is None:
             return
+        # TE's spec runs packed rows as THD sequences; the local spec runs them as padded rows
+        rep.info["layer_spec"] = "transformer_engine" if self.be.te else "local"
         if ref is not None:
             rep.phase("hf_logprobs", lambda: self.hf_check(ref), fails=("hf_logprobs",))
         rep.phase("train", self.train, fails=("train", "throughput"))
@@ -592,6 +593,13 @@ def download_wheels(out: Path, python_version: str) -> int:
     total = sum(w.stat().st_size for w in wheels)
     for w in wheels:
         print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}", file=sys.stderr)
+    by_name: dict[str, list[str]] = {}
+    for w in wheels:
+        by_name.setdefault(w.name.split("-")[0].lower().replace("_", "-"), []).append(w.name)
+    twice = [names for names in by_name.values() if len(names) > 1]
+    if twice:  # pip install refuses two versions of one package
+        print(f"--wheels: {out} holds two versions of a package: {twice}; empty it and run again", file=sys.stderr)
+        return 1
     print(f"{total / 2**20:7.2f} MiB  total in {out}", file=sys.stderr)
     if total > WHEELS_MAX_BYTES:
         print(f"--wheels: {total / 2**20:.1f} MiB is over the {WHEELS_MAX_BYTES >> 20} MiB that may be carried",
@@ -607,8 +615,9 @@ def record_line(line: dict[str, Any]) -> None:
 
     c = line["checks"]
     rows = [[name, "ok" if v.get("ok") else "FAILED", _summary(name, v)] for name, v in c.items()]
-    notes = (f"`python3 benchmarks/gpu_check.py` on {line.get('device_name')} ({line.get('device')}, "
-             f"{line.get('dtype')}), torch {line.get('torch')}, megatron-core {line.get('megatron_core')}, "
+    cmd = "python3 benchmarks/gpu_check.py" + (" --device cpu --tiny" if line.get("tiny") else "")
+    notes = (f"`{cmd}` ran on {line.get('device_name')} ({line.get('device')}, "
+             f"{line.get('dtype')}; the line above names the machine that recorded it), torch {line.get('torch')}, megatron-core {line.get('megatron_core')}, "
              f"TransformerEngine: {line.get('transformer_engine') or 'absent'}; {line.get('wall_s')} s in all. "
              f"MFU: {FORMULA}.")
     record("gpu_check", markdown_table(["check", "result", "figures"], rows), line, notes)
@@ -662,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     report = Report(_versions(args))
-    learner_fields(args, te=bool(report.info["transformer_engine"]))  # bad --set: exit 2 now
+    learner_fields(args)  # a bad --set exits 2 before anything runs
     progress(f"{report.info}")
 
     def deadline() -> None:
