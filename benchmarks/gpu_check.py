@@ -116,8 +116,9 @@ class Report:
     """Every figure of the run; `line()` is the JSON line printed once at the end (or at the
     deadline, by the watchdog thread)."""
 
-    def __init__(self, info: dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any], stdout: Any) -> None:
         self.info = info
+        self.stdout = stdout  # the real standard output: everything else printed goes to stderr
         self.checks: dict[str, dict[str, Any]] = {}
         self.phase_s: dict[str, float] = {}
         self.error: str | None = None  # what stopped the run before its checks were done
@@ -163,7 +164,7 @@ class Report:
                 return False
             self._done = True
             line = self.line()
-            print(line, flush=True)
+            print(line, file=self.stdout, flush=True)
             if out:
                 Path(out).write_text(line + "\n")
             return True
@@ -670,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = Report(_versions(args))
+    report = Report(_versions(args), _own_stdout())
     learner_fields(args)  # a bad --set exits 2 before anything runs
     progress(f"{report.info}")
 
@@ -695,6 +696,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         record_line(json.loads(report.line()))
     return 0 if report.ok else 1
+
+
+def _own_stdout() -> Any:
+    """The JSON line's own copy of file descriptor 1; fd 1 itself (what libraries print, C code
+    included) goes to stderr from here on, so stdout holds that one line."""
+    own = os.fdopen(os.dup(1), "w")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return own
 
 
 def _versions(args: argparse.Namespace) -> dict[str, Any]:
