@@ -28,8 +28,9 @@ class LearnerConfig(Section):
         True, description="megatron: reduce gradient buckets during the backward of the last "
         "micro-batch instead of after it.")
     recompute: Literal["none", "selective", "full"] = Field(
-        "none", description="megatron: activation recomputation (selective: attention core; "
-        "full: whole layers) to fit longer micro-batches.")
+        "none", description="megatron: activation recomputation in the training forward, to fit "
+        "longer micro-batches (selective: core attention, which with flash attention keeps only "
+        "its softmax statistics; full: each layer keeps only its input and is re-run in the backward).")
     dist_timeout_s: float = Field(
         1800.0, gt=0, description="Under torchrun: bound on any collective between the learner's "
         "ranks (a dead rank ends the job sooner: its peers' sockets close).")

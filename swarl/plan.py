@@ -180,7 +180,9 @@ def _stage_params(m: ModelShape, tp: int, pp: int, *, first: bool, last: bool,
 
 def layer_activation_bytes(m: ModelShape, tp: int, dtype_bytes: int) -> int:
     """Bytes per token autograd keeps for one transformer layer (TE spec, flash attention, no
-    sequence parallelism, no dropout); docs/gpu.md lists them one by one."""
+    sequence parallelism, no dropout); docs/gpu.md lists them one by one.
+    tests/learner/test_megatron_recompute.py measures the backend's training forward against it
+    (and full recompute's h x b per layer) on the local spec."""
     b = dtype_bytes
     q, kv, d = m.heads // tp, m.kv_heads // tp, m.head_dim
     norms_io = 4 * m.hidden * b           # input and output of the two RMSNorms (every TP rank)
@@ -242,6 +244,7 @@ def learner_plan(m: ModelShape, lc: LearnerConfig, cluster: ClusterConfig,
     if lc.recompute == "selective":  # flash attention keeps no score matrix: only the LSE goes
         per_layer -= 4 * (m.heads // tp)
     stored_layer, layer_work = per_layer, per_layer
+    # megatron-core recomputes in train mode, which the backend's training forward runs in
     if lc.recompute == "full":  # only each layer's input is kept; backward re-runs one layer
         stored_layer, layer_work = m.hidden * b, 2 * per_layer
     head_bytes = (HEAD_BYTES_KL if lc.kl_coef else HEAD_BYTES) * b

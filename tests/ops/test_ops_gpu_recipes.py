@@ -77,3 +77,60 @@ def test_recipe_env_overrides_still_apply():
                                "SWARL_POOL__EXEC_URLS": "[http://10.0.0.10:5000, http://10.0.0.11:5000]"})
     assert cfg.redis.url == "redis://10.0.0.5:6379/0"
     assert cfg.pool.exec_urls == ["http://10.0.0.10:5000", "http://10.0.0.11:5000"]
+
+
+# -- the GPU image (docker/Dockerfile) ---------------------------------------------------------
+
+ROOT = GPU.parents[1]
+
+
+def dockerfile_args() -> dict[str, str]:
+    """Every `ARG NAME=value` of docker/Dockerfile, and the image it starts FROM."""
+    import re
+
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert len(froms) == 1, froms
+    args["FROM"] = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], froms[0])
+    return args
+
+
+def pyproject_pins() -> dict[str, list[str]]:
+    """name -> the exact versions pyproject gives it, base dependencies and the gpu extra."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins: dict[str, list[str]] = {}
+    for line in [*project["dependencies"], *project["optional-dependencies"]["gpu"]]:
+        r = Requirement(line)
+        if r.name in ("sglang", "megatron-core"):
+            (spec,) = r.specifier  # one exact pin each
+            assert spec.operator == "==", f"{line}: the GPU path is pinned exactly"
+            pins.setdefault(r.name, []).append(spec.version)
+    return pins
+
+
+def test_docker_image_pins_are_pyprojects():
+    """The image carries the sglang and megatron-core releases pyproject pins (base and gpu extra),
+    and a TransformerEngine inside the range megatron-core's own metadata gives."""
+    from packaging.specifiers import SpecifierSet
+
+    from learner.backends.megatron_env import TE_SUPPORTED
+
+    args, pins = dockerfile_args(), pyproject_pins()
+    assert set(pins["sglang"]) == {args["SGLANG_VERSION"]}
+    assert args["FROM"] == f"lmsysorg/sglang:v{pins['sglang'][0]}-{args['SGLANG_CUDA']}"
+    assert args["SGLANG_CUDA"] == "cu130"  # sglang 0.5.23 needs CUDA 13 (cuda-python>=13, flashinfer cu13)
+    assert set(pins["megatron-core"]) == {args["MEGATRON_CORE_VERSION"]}
+    assert args["TRANSFORMER_ENGINE_VERSION"] in SpecifierSet(TE_SUPPORTED)
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "--no-build-isolation \"transformer_engine[pytorch]==${TRANSFORMER_ENGINE_VERSION}\"" in text
+    assert 'pip install -e ".[gpu]"' in text and "RUN swarl doctor" in text
+    # docs/gpu.md names the same versions
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    for v in (args["FROM"], f"megatron-core=={args['MEGATRON_CORE_VERSION']}",
+              f"transformer_engine[pytorch]=={args['TRANSFORMER_ENGINE_VERSION']}"):
+        assert v in doc, v
