@@ -76,10 +76,12 @@ LIMITS = {"model": 90, "reference": 90, "build": 150, "hf_logprobs": 60, "train"
           "recompute_memory": 90, "publish_engine": 150, "recompute_full": 180}
 CHECKS = ("hf_logprobs", "train", "throughput", "recompute_memory", "publish_engine")
 
-# The wheels a bare CUDA image with torch lacks: megatron-core and the pure-Python packages the
-# learner (pydantic configs) and the engine import. Versions: this environment's.
+# The wheels a bare CUDA image with torch lacks, at this environment's versions: megatron-core,
+# pydantic and its parts (the learner's and the engine's configs), redis and msgpack (learner.train
+# imports the broker's replay and wire modules), and typing-extensions (this pydantic needs a newer
+# one than an image may hold; torch takes any recent one).
 WHEELS = ("megatron-core", "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv",
-          "typing-inspection", "annotated-types", "redis", "PyJWT", "msgpack")
+          "typing-inspection", "annotated-types", "typing-extensions", "redis", "PyJWT", "msgpack")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 WHEELS_MAX_BYTES = 60 << 20
