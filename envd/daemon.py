@@ -26,7 +26,7 @@ from broker.config import RedisConfig
 from broker.connection import connect
 from broker.keys import Keys
 from common.logs import get_logger
-from envd import httputil, swe_eval, tamper
+from envd import httputil, referee, swe_eval, tamper
 from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
@@ -300,6 +300,7 @@ class Envd:
             result = await self._run_eval(c, req.patch, script, req.cwd, timeout, reset=True)
             result.pop("log", None)
             result.pop("nonce", None)
+            result.pop("referee", None)
         else:
             result = await self._grade_fresh(c, req, instance, script, timeout)
         if not result.get("reward_hack"):
@@ -336,9 +337,12 @@ class Envd:
         assert self.backend
         await self.run(self.backend.put_file, c.id, swe_eval.PATCH_PATH, patch.encode())
         nonce = secrets.token_hex(16) if instance is not None else None
-        run_script = swe_eval.frame_script(script) if nonce else script
+        plan = referee.plan(instance, patch, script) if instance is not None else None
+        run_script = swe_eval.frame_script(plan.wrap(script) if plan else script) if nonce else script
         await self.run(self.backend.put_file, c.id, EVAL_PATH, run_script.encode(), 0o755)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
+        if plan is not None:
+            prefix += f"mkdir -p -m 700 {plan.run_dir} && "
         attempts = " || ".join(f"{cmd} {swe_eval.PATCH_PATH}" for cmd in swe_eval.APPLY_PATCH_COMMANDS)
         apply = await self.exec(c, f"{prefix}({attempts})", cwd, {}, APPLY_TIMEOUT_S)
         if apply.returncode != 0:
@@ -349,12 +353,15 @@ class Envd:
             refused = await self._pristine(c, patch, instance, cwd)
             if refused:
                 return {**self._refuse(c, refused), "returncode": None}
+        for path, data in (plan.files() if plan else {}).items():
+            await self.run(self.backend.put_file, c.id, path, data, 0o600)
         run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
+        output = referee.strip_signed(run.output) if plan else run.output
         out: dict[str, Any] = {"resolved": run.returncode == 0 and not run.timed_out,
-                               "returncode": run.returncode, "output": self._tail(run.output),
+                               "returncode": run.returncode, "output": self._tail(output),
                                "timed_out": run.timed_out,
-                               "log": swe_eval.frame_log(run.output, nonce) if nonce else run.output,
-                               "nonce": nonce}
+                               "log": swe_eval.frame_log(output, nonce) if nonce else output,
+                               "nonce": nonce, "referee": (plan, run.output) if plan else None}
         if run.timed_out:
             out["error"] = f"evaluation timed out after {timeout_s:g}s"
         return out
@@ -396,20 +403,35 @@ class Envd:
             result = await self._run_eval(fresh, req.patch, script, req.cwd, timeout_s, reset=False,
                                           instance=instance)
             full_log, nonce = result.pop("log", ""), result.pop("nonce", None)
+            ref = result.pop("referee", None)
             if result.get("returncode") is None or (result.get("error", "").startswith("patch does not apply")):
                 return result
             report = await anyio.to_thread.run_sync(swe_eval.grade, instance, full_log, nonce)
-            if report.forged:
-                found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
-                                       f"harness: {why}") for why in report.forged]
-                result.update(self._refuse(fresh, found), tests_status=report.tests_status,
-                              fail_to_pass=report.fail_to_pass, pass_to_pass=report.pass_to_pass)
+            found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
+                                   f"harness: {why}") for why in report.forged]
+            verdict = None
+            if ref is not None:
+                verdict = await anyio.to_thread.run_sync(referee.judge, ref[0], ref[1], instance,
+                                                         report.tests_status, result["timed_out"])
+                found += verdict.tampers
+                hidden = referee.canary_ids(ref[0])  # the grader's own tests are not the row's
+                report.tests_status = {t: s for t, s in report.tests_status.items() if t not in hidden}
+            shown: dict[str, Any] = {"tests_status": report.tests_status, "fail_to_pass": report.fail_to_pass,
+                     "pass_to_pass": report.pass_to_pass}
+            if verdict is not None:
+                shown["referee"] = {"statuses": verdict.statuses, "isolated": verdict.isolated, "runs": verdict.runs}
+            if found:
+                result.update(self._refuse(fresh, found), **shown)
                 return result
-            result.update(resolved=report.resolved and not result["timed_out"],
-                          tests_status=report.tests_status, fail_to_pass=report.fail_to_pass,
-                          pass_to_pass=report.pass_to_pass)
-            if report.error:
-                result["error"] = result.get("error") or report.error
+            resolved = report.resolved and not result["timed_out"]
+            if verdict is not None:
+                f2p = report.fail_to_pass  # P2P: a log-good test the referee saw fail is a tamper above
+                resolved = resolved and verdict.ok and all(verdict.statuses.get(t) in ("PASSED", "XFAIL")
+                                                           for t in f2p)
+            result.update(resolved=resolved, **shown)
+            error = report.error or (verdict.error if verdict is not None else "")
+            if error:
+                result["error"] = result.get("error") or error
             return result
         finally:
             await self._destroy(fresh.id, "eval_done")

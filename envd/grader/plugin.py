@@ -1,0 +1,229 @@
+"""The referee's pytest plugin: loaded through PYTEST_PLUGINS (under a per-run module name), so
+it is imported and registered before any conftest or test module, hence before any code of the
+package under test. It writes one JSON record a line to a pipe the referee process reads:
+
+- `hello` at import; `collected` (every item's node id) once collection ends;
+- `phase` for each item's setup / call / teardown, read before any other makereport
+  implementation runs (`pre`: the exception pytest's CallInfo caught, as a qualified type name)
+  and after them (`post`, `report`), so a report rewritten later does not change what was sent;
+- `call`: whether the test function itself raised, from the innermost pytest_pyfunc_call wrapper
+  (a plain test function whose call phase has no such record never ran);
+- `audit`: a sensitive operation (tracing, gc walks, frame access, listing /proc, reading the
+  tests or the grader's files) whose nearest caller outside the standard library is a file the
+  patch changed; the audit hook cannot be removed and reports before the operation returns;
+- `finish`: the session's exit status.
+
+The pipe's descriptor is moved to a random number, made close-on-exec, and its variable removed
+from the environment. Written for Python 3.6+ and pytest 3+ with the standard library only."""
+
+import json
+import os
+import random
+import sys
+from typing import Any  # noqa: F401 - a type comment's (Python 3.6 has no annotations of locals)
+
+import pytest
+
+
+def _function_class():
+    try:
+        from _pytest.python import Function
+
+        return Function
+    except ImportError:  # every pytest since 3.0 has it
+        return None
+
+
+_Function = _function_class()
+
+_write = os.write
+_dumps = json.dumps
+_getframe = sys._getframe
+_seq = [0]
+_fd = [-1]
+_guard = [False]
+
+
+def _take_fd():
+    raw = os.environ.pop("SWARL_REFEREE_FD", "")
+    if not raw.isdigit():
+        return -1
+    fd = int(raw)
+    for _ in range(50):
+        target = random.randint(300, 1000)
+        try:
+            os.fstat(target)
+        except OSError:
+            os.dup2(fd, target, inheritable=False)
+            os.close(fd)
+            return target
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _send(rec):
+    if _fd[0] < 0 or os.getpid() != _PID:  # a forked child inherits the pipe, not the right to use it
+        return
+    _seq[0] += 1
+    rec["n"] = _seq[0]
+    data = (_dumps(rec, default=repr) + "\n").encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[_write(_fd[0], data):]
+    except OSError:
+        _fd[0] = -1
+
+
+def _list_env(name):
+    try:
+        return [str(p) for p in json.loads(os.environ.pop(name, "") or "[]")]
+    except ValueError:
+        return []
+
+
+_PID = os.getpid()
+_fd[0] = _take_fd()
+_WATCH = tuple(p for p in _list_env("SWARL_REFEREE_WATCH") if p)
+_TESTS = tuple(p for p in _list_env("SWARL_REFEREE_TESTS") if p)
+_SELECT = _list_env("SWARL_REFEREE_SELECT")
+_ROOT = os.getcwd()
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+_HERE = os.path.abspath(__file__)
+_send({"e": "hello", "pid": os.getpid(), "py": sys.version.split()[0], "pytest": pytest.__version__})
+
+# Audit events that a fix has no reason to raise from its own code, and those checked only when
+# the patched file calls them directly (libraries use them on a caller's behalf).
+_ALWAYS = frozenset(["sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
+                     "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "ctypes.string_at",
+                     "ctypes.addressof", "ctypes.cdata"])
+_DIRECT = frozenset(["sys._getframe"])
+_FRAME_ATTRS = frozenset(["tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"])
+
+
+def _patched(filename):
+    for rel in _WATCH:
+        if filename == rel or filename.endswith(os.sep + rel):
+            return rel
+    return None
+
+
+def _culprit(direct):
+    """The patched file behind the current audit event (None: none): the nearest frame outside
+    the standard library, this plugin and code compiled from strings (or, `direct`, the caller)."""
+    frame = _getframe(2)  # type: Any
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_STDLIB) or name.startswith("<") or name == _HERE):
+            rel = _patched(name)
+            return (rel, frame.f_lineno) if rel else None
+        if direct:
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _sensitive_path(path):
+    if isinstance(path, bytes):
+        path = path.decode("utf-8", "replace")
+    if not isinstance(path, str):
+        return False
+    if path.startswith("/proc/") or path.startswith("/tmp/swarl"):
+        return True
+    full = path if os.path.isabs(path) else os.path.join(_ROOT, path)
+    return any(full == os.path.join(_ROOT, t) for t in _TESTS)
+
+
+def _audit(event, args):
+    if _guard[0] or not _WATCH:
+        return
+    if event in _ALWAYS:
+        direct = False
+    elif event in _DIRECT:
+        direct = True
+    elif event == "object.__getattr__":
+        if len(args) < 2 or args[1] not in _FRAME_ATTRS:
+            return
+        direct = True
+    elif event == "open" or event == "os.listdir" or event == "os.scandir":
+        if not args or not _sensitive_path(args[0]):
+            return
+        direct = False
+    else:
+        return
+    _guard[0] = True
+    try:
+        hit = _culprit(direct)
+        if hit is not None:
+            _send({"e": "audit", "ev": event, "file": hit[0], "line": hit[1], "arg": repr(args)[:160]})
+    finally:
+        _guard[0] = False
+
+
+if hasattr(sys, "addaudithook"):
+    sys.addaudithook(_audit)
+
+
+def _exc_name(excinfo):
+    if excinfo is None:
+        return None
+    tp = excinfo.type if hasattr(excinfo, "type") else excinfo[0]
+    return "{}.{}".format(getattr(tp, "__module__", "?"), getattr(tp, "__qualname__", getattr(tp, "__name__", "?")))
+
+
+def _ids(item):
+    ids = [item.nodeid]
+    try:
+        rel = item.config.cwd_relative_nodeid(item.nodeid)
+        if rel != item.nodeid:
+            ids.append(rel)
+    except Exception:
+        pass
+    return ids
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    if not _SELECT:
+        return
+    wanted = set(_SELECT)
+    keep = [i for i in items if wanted.intersection(_ids(i))]
+    drop = [i for i in items if not wanted.intersection(_ids(i))]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_collection_finish(session):
+    _send({"e": "collected", "ids": [_ids(i) for i in session.items]})
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_pyfunc_call(pyfuncitem):
+    outcome = yield
+    _send({"e": "call", "id": pyfuncitem.nodeid, "exc": _exc_name(outcome.excinfo)})
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_makereport(item, call):
+    pre = _exc_name(call.excinfo)
+    outcome = yield
+    rep = None
+    try:
+        rep = outcome.get_result()
+    except BaseException:
+        pass
+    xfail = False
+    try:
+        xfail = item.get_closest_marker("xfail") is not None
+    except Exception:
+        xfail = bool(getattr(item, "keywords", {}).get("xfail"))
+    _send({"e": "phase", "id": item.nodeid, "ids": _ids(item), "when": call.when, "pre": pre,
+           "post": _exc_name(call.excinfo), "report": getattr(rep, "outcome", None), "xfail": xfail,
+           "fn": _Function is not None and type(item) is _Function})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    _send({"e": "finish", "exitstatus": int(exitstatus)})

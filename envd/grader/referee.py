@@ -1,0 +1,151 @@
+"""The referee: runs a graded test command in a child process and writes the verdict itself.
+
+`python3 referee.py RUN_DIR -- TEST_COMMAND` (envd.referee.wrap_command writes that line into
+the framed eval script). It reads RUN_DIR/run.json (written by envd: a per-run key, the canary
+tests, the files the patch changed, the FAIL_TO_PASS tests to re-run alone) and deletes it before
+anything else runs, makes itself non-dumpable (so a process without CAP_SYS_PTRACE, which task
+containers never have, cannot read its memory), appends the canaries to the test files, and
+runs the command with RUN_DIR's plugin loaded (PYTEST_PLUGINS) and a pipe the plugin reports on.
+After the command (and, when every FAIL_TO_PASS test passed, one fresh process per such test,
+with a canary of each kind beside it), it prints one line: `@@swarl-referee <hmac> <base64 zlib json>`,
+signed with the key the test process never saw. envd checks the signature and reads the
+records (envd.referee.judge). Standard library only; Python 3.6+."""
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import random
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import zlib
+
+DRAIN_S = 2.0
+MAX_RECORDS = 200000
+MAX_LINE = 1 << 20
+STARTED = b"@@swarl-referee-started"
+
+
+def _no_dump():
+    """PR_SET_DUMPABLE 0: /proc/<pid>/mem, environ and ptrace need CAP_SYS_PTRACE from now on."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _insert_canaries(canaries):
+    """Each canary before a random top-level test (after a blank line) or at the end, so that
+    neither their names nor their place tells them from the tests the test patch added."""
+    rng = random.SystemRandom()
+    for path, texts in canaries.items():
+        with open(path) as f:
+            lines = f.read().split("\n")
+        for text in texts:
+            spots = [i for i, line in enumerate(lines)
+                     if i and not lines[i - 1].strip() and re.match(r"(def test|class Test)\w*", line)]
+            at = rng.choice([*spots, len(lines)])
+            lines[at:at] = ["", "", *text.strip("\n").split("\n"), "", ""]
+        with open(path, "w") as f:
+            f.write("\n".join(lines).rstrip("\n") + "\n")
+
+
+def _run(command, run_dir, cfg, select_ids):
+    """One test process: its records, exit code and seconds."""
+    rfd, wfd = os.pipe()
+    env = dict(os.environ)
+    env["SWARL_REFEREE_FD"] = str(wfd)
+    env["SWARL_REFEREE_WATCH"] = json.dumps(cfg.get("watch", []))
+    env["SWARL_REFEREE_TESTS"] = json.dumps(cfg.get("tests", []))
+    if select_ids:
+        env["SWARL_REFEREE_SELECT"] = json.dumps(select_ids)
+    plugins = [p for p in env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
+    env["PYTEST_PLUGINS"] = ",".join([cfg["plugin"], *plugins])
+    env["PYTHONPATH"] = run_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t0 = time.time()
+    child = subprocess.Popen(["bash", "-c", command], env=env, pass_fds=(wfd,), start_new_session=True)
+    os.close(wfd)
+    records = []  # type: list
+    buf, bad, late = b"", 0, 0
+    finished_at = None
+    while True:
+        if finished_at is None and child.poll() is not None:
+            finished_at = time.time()
+        if finished_at is not None and time.time() - finished_at > DRAIN_S:
+            break
+        ready, _, _ = select.select([rfd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(rfd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                rec = json.loads(line.decode("utf-8"))
+                if not isinstance(rec, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                bad += 1
+                continue
+            if finished_at is not None:
+                late += 1
+            if len(records) < MAX_RECORDS:
+                records.append(rec)
+        if len(buf) > MAX_LINE:
+            bad, buf = bad + 1, b""
+    code = child.wait()
+    try:  # whatever the test command left behind in its session
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    os.close(rfd)
+    return {"records": records, "exit": code, "bad": bad + (1 if buf.strip() else 0), "late": late,
+            "seconds": round(time.time() - t0, 3), "select": select_ids}
+
+
+def main(argv):
+    run_dir = os.path.abspath(argv[1])
+    command = " ".join(argv[3:]) if len(argv) > 3 and argv[2] == "--" else ""
+    cfg_path = os.path.join(run_dir, "run.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    os.unlink(cfg_path)
+    key = bytes.fromhex(cfg.pop("key"))
+    guarded = _no_dump()
+    os.write(1, b"\n" + STARTED + b"\n")  # before the test process exists: it cannot print this first
+    _insert_canaries(cfg.get("canaries", {}))
+    main_run = _run(command, run_dir, cfg, None)
+    runs = [main_run]
+    isolate = cfg.get("isolate", {})
+    if isolate and _all_passed(main_run["records"], list(isolate)):
+        for test_id, extra in isolate.items():
+            runs.append(_run(command, run_dir, cfg, [test_id, *list(extra)]))
+    body = json.dumps({"runs": runs, "guarded": guarded}).encode("utf-8")
+    payload = base64.b64encode(zlib.compress(body, 6))
+    sig = hmac.new(key, payload, hashlib.sha256).hexdigest()  # checked before anything is decoded
+    sys.stdout.flush()
+    os.write(1, b"\n@@swarl-referee " + sig.encode() + b" " + payload + b"\n")
+    return main_run["exit"]
+
+
+def _all_passed(records, test_ids):
+    """A cheap first look (envd judges for real): every id has a call record without an exception."""
+    passed = set()  # type: set
+    for rec in records:
+        if rec.get("e") == "phase" and rec.get("when") == "call" and not rec.get("pre") and not rec.get("post") \
+                and rec.get("report") == "passed":
+            passed.update(rec.get("ids") or [])
+    return all(t in passed or any(p.split(" ")[0] == t for p in passed) for t in test_ids)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
