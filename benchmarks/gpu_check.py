@@ -117,7 +117,7 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
 
 class Report:
     """Every figure of the run; `line()` is the JSON line printed once at the end (or at the
-    deadline, by the watchdog thread)."""
+    deadline, by the watchdog thread: every change and the line itself are made under one lock)."""
 
     def __init__(self, info: dict[str, Any], stdout: Any) -> None:
         self.info = info
@@ -125,15 +125,28 @@ class Report:
         self.checks: dict[str, dict[str, Any]] = {}
         self.phase_s: dict[str, float] = {}
         self.error: str | None = None  # what stopped the run before its checks were done
-        self._printed = threading.Lock()
-        self._done = False
+        self.lock = threading.RLock()
+        self.done = False  # the line is printed
+
+    def note(self, **info: Any) -> None:
+        with self.lock:
+            self.info.update(info)
 
     def check(self, name: str, ok: bool, **figures: Any) -> None:
-        self.checks[name] = {"ok": bool(ok), **figures}
+        with self.lock:
+            self.checks[name] = {"ok": bool(ok), **figures}
         progress(f"check {name}: {'ok' if ok else 'FAILED'} {json.dumps(figures, default=str)[:400]}")
 
     def fail(self, name: str, error: str) -> None:
-        self.checks[name] = {**self.checks.get(name, {}), "ok": False, "error": error}
+        with self.lock:
+            self.checks[name] = {**self.checks.get(name, {}), "ok": False, "error": error}
+
+    def stop(self, error: str) -> None:
+        """The run ends here: every check not done yet fails with `error`."""
+        with self.lock:
+            self.error = error
+            for c in CHECKS:
+                self.checks.setdefault(c, {"ok": False, "error": f"not run: {error}"})
 
     def phase(self, name: str, fn: Callable[[], Any], *, fails: tuple[str, ...]) -> Any:
         """Run `fn` under LIMITS[name]; an exception fails the checks in `fails` (and returns None)."""
@@ -148,24 +161,26 @@ class Report:
                 self.fail(c, f"{name}: {type(e).__name__}: {e}"[:2000])
             return None
         finally:
-            self.phase_s[name] = round(time.monotonic() - t, 2)
+            with self.lock:
+                self.phase_s[name] = round(time.monotonic() - t, 2)
 
     @property
     def ok(self) -> bool:
         return self.error is None and all(self.checks.get(c, {}).get("ok", False) for c in CHECKS)
 
     def line(self) -> str:
-        checks = {c: self.checks.get(c, {"ok": False, "error": "not run"}) for c in CHECKS}
-        return json.dumps({"check": "gpu_check", **self.info, "ok": self.ok, "error": self.error,
-                           "wall_s": round(time.monotonic() - _T0, 1), "phase_s": dict(self.phase_s),
-                           "checks": checks}, default=_jsonable, sort_keys=True)
+        with self.lock:
+            checks = {c: self.checks.get(c, {"ok": False, "error": "not run"}) for c in CHECKS}
+            return json.dumps({"check": "gpu_check", **self.info, "ok": self.ok, "error": self.error,
+                               "wall_s": round(time.monotonic() - _T0, 1), "phase_s": self.phase_s,
+                               "checks": checks}, default=_jsonable, sort_keys=True)
 
     def emit(self, out: str | None) -> bool:
         """Print the line once (main thread or watchdog, whichever is first)."""
-        with self._printed:
-            if self._done:
+        with self.lock:
+            if self.done:
                 return False
-            self._done = True
+            self.done = True
             line = self.line()
             print(line, file=self.stdout, flush=True)
             if out:
@@ -415,8 +430,8 @@ class Check:
         if info is None:
             return
         self.counts = arch_counts(self.model_dir)
-        rep.info["model"] = {**info, **self.counts}
-        rep.info["learner"] = {k: v for k, v in self.fields.items() if k != "backend"}
+        rep.note(model={**info, **self.counts},
+                 learner={k: v for k, v in self.fields.items() if k != "backend"})
         vocab = self.counts["vocab"]
         self.probes = sequences(self.size["probes"], self.size["probe_len"], vocab, seed=1)
         dtypes = ["fp32"] + (["bf16"] if self.args.dtype == "bf16" else [])
@@ -426,7 +441,7 @@ class Check:
         if self.be is None:
             return
         # TE's spec runs packed rows as THD sequences; the local spec runs them as padded rows
-        rep.info["layer_spec"] = "transformer_engine" if self.be.te else "local"
+        rep.note(layer_spec="transformer_engine" if self.be.te else "local")
         if ref is not None:
             rep.phase("hf_logprobs", lambda: self.hf_check(ref), fails=("hf_logprobs",))
         rep.phase("train", self.train, fails=("train", "throughput"))
@@ -678,12 +693,12 @@ def main(argv: list[str] | None = None) -> int:
     learner_fields(args)  # a bad --set exits 2 before anything runs
     progress(f"{report.info}")
 
-    def deadline() -> None:
-        report.error = f"the run passed --deadline-s {args.deadline_s:.0f}"
-        for c in CHECKS:
-            report.checks.setdefault(c, {"ok": False, "error": "not run before the deadline"})
-        if report.emit(args.out):
-            os._exit(1)
+    def deadline() -> None:  # the watchdog thread: whatever the main thread is stuck in
+        with report.lock:
+            if not report.done:
+                report.stop(f"the run passed --deadline-s {args.deadline_s:.0f}")
+                report.emit(args.out)
+        os._exit(0 if report.ok else 1)
 
     watchdog = threading.Timer(args.deadline_s, deadline)
     watchdog.daemon = True
@@ -692,10 +707,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.workdir) if args.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu_check-")))
         try:
             Check(args, report, work).run()
-        finally:
-            watchdog.cancel()
-            _shutdown()
-    report.emit(args.out)
+        except BaseException as e:  # outside a phase: the line still reports it
+            traceback.print_exc(file=sys.stderr)
+            report.stop(f"{type(e).__name__}: {e}")
+        report.emit(args.out)  # before the shutdown: a hang there cannot lose the line
+        _shutdown()
+        watchdog.cancel()
     if args.record:
         record_line(json.loads(report.line()))
     return 0 if report.ok else 1
