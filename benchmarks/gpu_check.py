@@ -545,7 +545,8 @@ class Check:
         torch, trained = self.torch, self.trained
         assert trained is not None
         t = time.monotonic()
-        manifest = write_checkpoint(self.work / "run", 1, self.size["steps"] + 1, trained.items(), self.model_dir)
+        manifest = write_checkpoint(self.work / "run", version=1, step=self.size["steps"] + 1,
+                                    named_tensors=trained.items(), base_model_dir=self.model_dir)
         path = verify(manifest, 1)
         write_s = time.monotonic() - t
         engine = Engine(self.model_dir, weight_version="0", seed=0)  # the untrained weights
