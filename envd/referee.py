@@ -40,7 +40,7 @@ from typing import Any
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
 from envd.swe_eval import END_TEST_OUTPUT, REAP_OTHERS, START_TEST_OUTPUT
-from envd.tamper import Tamper, patch_files, row_test_files
+from envd.tamper import RUNNER_PACKAGES, Tamper, patch_files, row_test_files
 
 __all__ = ["MAX_ISOLATED", "Canary", "RefereePlan", "Verdict", "judge", "plan", "test_status"]
 
@@ -50,6 +50,8 @@ STARTED = "\n@@swarl-referee-started\n"
 MAX_BODY = 64 * 1024 * 1024
 # `pytest ...` / `python -m pytest ...` (env assignments before it allowed): what the referee wraps.
 _PYTEST_CMD = re.compile(r"^\s*(?:\w+=\S*\s+)*(?:\S*/)?(?:py\.test|pytest|python[\d.]*\s+-m\s+pytest)(?:\s|$)")
+# Options that run the tests in other processes (xdist workers, forked children): not refereed.
+_ELSEWHERE = re.compile(r"\s(-n|--numprocesses|--dist|--forked|--boxed|--tx)(\s|=|$)|\s-n\d")
 _WORDS = ("empty", "single", "twice", "large", "negative", "order", "zero", "default", "nested", "repeat",
           "boundary", "sorted", "mixed", "missing", "none", "many", "small", "first", "last", "copy", "values",
           "keys", "update", "round", "limit", "text", "blank", "case", "unicode", "reverse")
@@ -114,7 +116,7 @@ def _test_command(lines: list[str]) -> tuple[int, str | None]:
         return -1, None
     end = next((i for i in range(start + 1, len(lines)) if END_TEST_OUTPUT in lines[i]), len(lines))
     body = [(i, line) for i, line in enumerate(lines[start + 1:end], start + 1) if line.strip()]
-    if len(body) != 1 or not _PYTEST_CMD.match(body[0][1]):
+    if len(body) != 1 or not _PYTEST_CMD.match(body[0][1]) or _ELSEWHERE.search(body[0][1]):
         return -1, None
     return body[0]
 
@@ -146,11 +148,14 @@ def plan(inst: dict[str, Any], patch: str, script: str, rng: random.Random | Non
         if mine:
             isolate[t] = [next(c.test_id for c in mine if not c.must_pass), next(c.test_id for c in mine if c.must_pass)]
     tests = sorted(row_test_files(inst))
-    watch = sorted({p for fp in patch_files(patch) for p in fp.paths
-                    if p != "/dev/null" and p.endswith(".py") and p not in tests})
+    watch = sorted({_strip_ab(p) for fp in patch_files(patch) for p in fp.paths
+                    if p != "/dev/null" and p.endswith(".py") and _strip_ab(p) not in tests})
+    if inst.get("repo") == "pytest-dev/pytest":  # the runner is the package under test: its code does all this
+        watch = []
+    watch = [w for w in watch if not any(f"/{pkg}" in f"/{w}" for pkg in RUNNER_PACKAGES)]
     return RefereePlan(token=secrets.token_hex(8), key=secrets.token_bytes(32),
                        plugin="_pt" + secrets.token_hex(6), canaries=canaries, isolate=isolate,
-                       watch=[_strip_ab(p) for p in watch], tests=tests)
+                       watch=watch, tests=tests)
 
 
 def _strip_ab(path: str) -> str:

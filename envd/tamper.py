@@ -69,8 +69,8 @@ RUNNER_INTERNALS = re.compile(
     r"internalerror|unconfigure|load_initial|addoption|cmdline|plugin_registered|fixture_setup)\w*|"
     r"settrace|setprofile|_current_frames|get_referrers|get_referents|get_objects|os\._exit|"
     r"addFailure|addError|addSuccess|addExpectedFailure|addUnexpectedSuccess|_pytest_plugins|"
-    r"PYTEST_CURRENT_TEST|/proc/self|excepthook)\b|"
-    r"^\s*(import\s+builtins|builtins\.\w+\s*=|__builtins__\s*\[)|^atexit\.register|^@atexit\.register")
+    r"PYTEST_CURRENT_TEST|excepthook)\b|/proc/(self|\d+|\{)|"
+    r"^\s*(builtins\.\w+\s*=|__builtins__\s*\[)|^atexit\.register|^@atexit\.register")
 RUNNER_PACKAGES = ("_pytest/", "pytest/", "pluggy/", "unittest/", "py/")
 
 

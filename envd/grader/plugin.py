@@ -19,6 +19,7 @@ from the environment. Written for Python 3.6+ and pytest 3+ with the standard li
 import json
 import os
 import random
+import re
 import sys
 from typing import Any  # noqa: F401 - a type comment's (Python 3.6 has no annotations of locals)
 
@@ -81,7 +82,25 @@ def _list_env(name):
         return []
 
 
+def _unlist_self():
+    """Take this plugin out of the environment the tests (and any pytest they start) inherit."""
+    name = __name__.rpartition(".")[2]
+    rest = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p.strip() and p.strip() != name]
+    if rest:
+        os.environ["PYTEST_PLUGINS"] = ",".join(rest)
+    else:
+        os.environ.pop("PYTEST_PLUGINS", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    if path:
+        os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
 _PID = os.getpid()
+_CONFIG = []  # type: list
+_unlist_self()
 _fd[0] = _take_fd()
 _WATCH = tuple(p for p in _list_env("SWARL_REFEREE_WATCH") if p)
 _TESTS = tuple(p for p in _list_env("SWARL_REFEREE_TESTS") if p)
@@ -97,6 +116,8 @@ _ALWAYS = frozenset(["sys.settrace", "sys.setprofile", "sys._current_frames", "g
                      "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "ctypes.string_at",
                      "ctypes.addressof", "ctypes.cdata"])
 _DIRECT = frozenset(["sys._getframe"])
+# what finding the grader takes in /proc: descriptors, memory, environment, command lines, parents
+_PROC = re.compile(r"^/proc/(self|\d+|thread-self)(/task/\d+)?/(fd|fdinfo|mem|environ|cmdline|stat|maps)\b")
 _FRAME_ATTRS = frozenset(["tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"])
 
 
@@ -127,7 +148,7 @@ def _sensitive_path(path):
         path = path.decode("utf-8", "replace")
     if not isinstance(path, str):
         return False
-    if path.startswith("/proc/") or path.startswith("/tmp/swarl"):
+    if path.startswith("/tmp/swarl") or path.rstrip("/") == "/proc" or _PROC.search(path):
         return True
     full = path if os.path.isabs(path) else os.path.join(_ROOT, path)
     return any(full == os.path.join(_ROOT, t) for t in _TESTS)
@@ -181,9 +202,20 @@ def _ids(item):
     return ids
 
 
+def _ours(config):
+    """Only the first session reports (pytester's in-process runs have sessions of their own)."""
+    return bool(_CONFIG) and config is _CONFIG[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if not _CONFIG:
+        _CONFIG.append(config)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    if not _SELECT:
+    if not _SELECT or not _ours(config):
         return
     wanted = set(_SELECT)
     keep = [i for i in items if wanted.intersection(_ids(i))]
@@ -195,20 +227,24 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_collection_finish(session):
-    _send({"e": "collected", "ids": [_ids(i) for i in session.items]})
+    if _ours(session.config):
+        _send({"e": "collected", "ids": [_ids(i) for i in session.items]})
     yield
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_pyfunc_call(pyfuncitem):
     outcome = yield
-    _send({"e": "call", "id": pyfuncitem.nodeid, "exc": _exc_name(outcome.excinfo)})
+    if _ours(pyfuncitem.config):
+        _send({"e": "call", "id": pyfuncitem.nodeid, "exc": _exc_name(outcome.excinfo)})
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_makereport(item, call):
     pre = _exc_name(call.excinfo)
     outcome = yield
+    if not _ours(item.config):
+        return
     rep = None
     try:
         rep = outcome.get_result()
@@ -226,4 +262,5 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    _send({"e": "finish", "exitstatus": int(exitstatus)})
+    if _ours(session.config):
+        _send({"e": "finish", "exitstatus": int(exitstatus)})

@@ -4,6 +4,7 @@ SWE-bench grading with the harness's log parsers (row validation: test_rows.py).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ LITE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "swe-ben
 @pytest.fixture(scope="module")
 def lite_rows() -> list[dict[str, Any]]:
     if not LITE.is_file():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):  # CI provides the data: absent is a failure
+            pytest.fail(f"{LITE} is absent: CI must provide the SWE-bench Lite rows in <repo>/../shared/data")
         pytest.skip(f"{LITE} is absent")
     return json.loads(LITE.read_text())
 
