@@ -6,10 +6,18 @@
     python3 benchmarks/gpu_check.py --record-from FILE        # a run's JSON into RESULTS.md
 
 It needs torch, transformers, safetensors, numpy, pyyaml and tokenizers (a bare CUDA image with
-torch has them) plus the wheels `--wheels` downloads (megatron-core and the pure-Python
-packages swarl's learner and inference engine import; docs/gpu.md "The GPU check" says how to
-install them there). The model is random (Qwen3-0.6B's published shape, or inference.tiny_model's
-with --tiny), written locally as an HF checkpoint: nothing comes from a hub.
+torch has them) plus the wheels `--wheels` downloads (WHEELS: megatron-core and the small packages
+swarl's learner and inference engine import; 6 MB). On the GPU machine, from the checkout with
+the wheels folder beside it, with no index (each wheel named, none of its requirements fetched:
+torch and numpy are the image's own):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+    python3 benchmarks/gpu_check.py --out gpu_check.json
+
+The model is random (Qwen3-0.6B's published shape, or inference.tiny_model's with --tiny), written
+locally as an HF checkpoint: nothing comes from a hub. docs/gpu.md "The GPU check" explains every
+figure and pass criterion.
 
 The checks, in order, each phase under its own time limit and the whole under --deadline-s:
 - hf_logprobs: the backend's token logprobs against transformers' on the same weights (fp32
@@ -24,7 +32,7 @@ The checks, in order, each phase under its own time limit and the whole under --
   there, and a generation's logprobs against the learner's on the same tokens.
 
 Progress goes to stderr; stdout gets ONE JSON line with every figure and `ok` per check. Exit 0
-when every check passed, 1 when one failed, 2 on bad arguments.
+when every check passed, 1 when one failed (or the deadline passed), 2 on bad arguments.
 """
 
 from __future__ import annotations
