@@ -145,7 +145,7 @@ def check(cfg: SwarlConfig, m: dict[str, Any], role: Role) -> tuple[list[str], l
         sg = m["sglang"]
         if not sg["version"]:
             problems.append(f"sglang is not installed (swarl's pin: sglang{sg['pin'] or ''}; "
-                            "pip install 'swarl[gpu]' or the docker/ image)")
+                            "pip install 'swarl[gpu]' or the deploy/Dockerfile image)")
         elif _off_pin(sg["version"], sg["pin"]):
             problems.append(f"sglang {sg['version']} is not swarl's pin sglang{sg['pin']}: the client's "
                             "routes and request bodies are checked against the pinned release")

@@ -79,16 +79,16 @@ def test_recipe_env_overrides_still_apply():
     assert cfg.pool.exec_urls == ["http://10.0.0.10:5000", "http://10.0.0.11:5000"]
 
 
-# -- the GPU image (docker/Dockerfile) ---------------------------------------------------------
+# -- the GPU image (deploy/Dockerfile) ---------------------------------------------------------
 
 ROOT = GPU.parents[1]
 
 
 def dockerfile_args() -> dict[str, str]:
-    """Every `ARG NAME=value` of docker/Dockerfile, and the image it starts FROM."""
+    """Every `ARG NAME=value` of deploy/Dockerfile, and the image it starts FROM."""
     import re
 
-    text = (ROOT / "docker" / "Dockerfile").read_text()
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
     froms = re.findall(r"^FROM (\S+)", text, re.M)
     assert len(froms) == 1, froms
@@ -126,7 +126,7 @@ def test_docker_image_pins_are_pyprojects():
     assert args["SGLANG_CUDA"] == "cu130"  # sglang 0.5.23 needs CUDA 13 (cuda-python>=13, flashinfer cu13)
     assert set(pins["megatron-core"]) == {args["MEGATRON_CORE_VERSION"]}
     assert args["TRANSFORMER_ENGINE_VERSION"] in SpecifierSet(TE_SUPPORTED)
-    text = (ROOT / "docker" / "Dockerfile").read_text()
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
     assert "--no-build-isolation \"transformer_engine[pytorch]==${TRANSFORMER_ENGINE_VERSION}\"" in text
     assert 'pip install -e ".[gpu]"' in text and "RUN swarl doctor" in text
     # docs/gpu.md names the same versions
