@@ -560,7 +560,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     async def swarl_stats():
         eng = srv().engine
         return {**vars(eng.stats), "num_running": eng.num_running, "num_waiting": eng.num_waiting,
-                "paused": eng.paused, "weight_version": eng.weight_version}
+                "paused": eng.paused, "weight_version": eng.weight_version,
+                "weight_update_groups": sorted(srv().groups), "weight_update_session": srv().session.open}
 
     @app.get("/health")
     async def health():

@@ -230,15 +230,22 @@ class UpdateGroup:
         so a server reports the new version once it holds all of it. Returns bytes sent."""
         if self.pg is None or self.broken:
             raise RuntimeError(f"group {self.name} is not usable ({self.broken or 'not connected'})")
-        sent = 0
+        sent, n = 0, 0
         pending: list[tuple[str, torch.Tensor]] | None = None
-        for bucket in buckets(named, bucket_bytes):
-            if pending is not None:
-                sent += await self._send_bucket(pending, None)
-            pending = bucket
-        if pending is None:
-            raise RuntimeError("no tensors to send")
-        sent += await self._send_bucket(pending, version)
+        try:
+            for bucket in buckets(named, bucket_bytes):
+                if pending is not None:
+                    sent += await self._send_bucket(pending, None)
+                    n += 1
+                pending = bucket
+            if pending is None:
+                raise RuntimeError("no tensors to send")
+            sent += await self._send_bucket(pending, version)
+        except ServerRefused as e:
+            if n:  # the buckets before were loaded: not the old weights any more
+                raise RuntimeError(f"{e} (after {n} buckets were loaded: the server holds a mix of "
+                                   "versions)") from e
+            raise
         return sent
 
     async def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], version: int | None) -> int:
@@ -266,6 +273,7 @@ class UpdateGroup:
         fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         self._threads.add(fut)
         fut.add_done_callback(self._threads.discard)
+        fut.add_done_callback(_retrieved)  # a group given up on may still fail on its thread
         return fut
 
     async def _together(self, collective: asyncio.Future[Any], calls: Sequence[asyncio.Future[Any]],
@@ -287,7 +295,9 @@ class UpdateGroup:
                                        f"{self.timeout_s:g}s")
                 for fut in done:
                     if fut is collective:
-                        fut.result()  # rank 0's error, if any
+                        if fut.exception() is not None:
+                            await self._refusal_first(calls, what, deadline)
+                            fut.result()  # rank 0's error
                         continue
                     member = self.members[calls.index(fut)]
                     ans = fut.result()  # a transport error propagates
@@ -299,6 +309,17 @@ class UpdateGroup:
                 c.cancel()
             self._break(f"{what}: {type(e).__name__}: {e}", collective)
             raise
+
+    async def _refusal_first(self, calls: Sequence[asyncio.Future[Any]], what: str,
+                             deadline: float) -> None:
+        """Rank 0's collective failed: a server that refused is usually why (it left the
+        group, or never entered it). Its answer, if it comes within a moment, is the error."""
+        left = [c for c in calls if not c.done()]
+        if left:
+            await asyncio.wait(left, timeout=min(2.0, max(0.0, deadline - asyncio.get_running_loop().time())))
+        for member, c in zip(self.members, calls, strict=True):
+            if c.done() and not c.cancelled() and c.exception() is None and not _ok(c.result()):
+                raise ServerRefused(f"server {member}: {what}: {_why(c.result())}")
 
     def _break(self, why: str, collective: asyncio.Future[Any]) -> None:
         """Give up on the group: abort it (ends an NCCL collective in flight) and destroy it
@@ -349,6 +370,11 @@ def _destroy_later(pg: Any) -> None:
     """Destroy `pg` off the event loop, without waiting (called from done callbacks)."""
     loop = asyncio.get_event_loop()
     loop.run_in_executor(None, destroy_process_group, pg)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("group_thread_failed", error=repr(fut.exception()))
 
 
 def _destroy_result(fut: asyncio.Future[Any]) -> None:
