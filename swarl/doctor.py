@@ -3,8 +3,8 @@ TransformerEngine and so the megatron layer spec, the attention megatron-core wi
 flash-attn, megatron-core and sglang against swarl's pins), and whether it can run a config's
 learner or inference side, with every reason it cannot.
 
-It imports torch but never megatron-core or sglang (their versions come from the installed
-distributions), and TransformerEngine only to see whether it imports.
+It imports torch but never sglang (versions come from the installed distributions), and
+TransformerEngine (then megatron-core's layer specs) only to see whether it imports.
 """
 
 from __future__ import annotations

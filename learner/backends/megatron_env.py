@@ -3,7 +3,8 @@ needs, TransformerEngine (which layer spec the backend builds), apex and flash a
 the backend when it builds the model and reported by `swarl doctor`.
 
 Nothing here imports megatron-core or TransformerEngine at module level: the doctor reports on
-machines that have neither.
+machines that have neither (megatron-core is imported only where TransformerEngine imports, to ask
+whether megatron-core's TE extension does too).
 """
 
 from __future__ import annotations
@@ -81,6 +82,14 @@ def transformer_engine() -> tuple[str | None, str]:
     version = (dist_version("transformer_engine") or dist_version("transformer-engine")
                or getattr(te, "__version__", None) or getattr(importlib.import_module("transformer_engine"),
                                                                "__version__", "unknown"))
+    if dist_version("megatron-core") is not None:
+        # megatron-core's own verdict: its TE spec needs its TE extension module to import too
+        try:
+            specs = importlib.import_module("megatron.core.models.gpt.gpt_layer_specs")
+        except Exception as e:
+            return None, f"{version} imports, but megatron-core's layer specs do not: {type(e).__name__}: {e}"
+        if not getattr(specs, "HAVE_TE", False):
+            return None, f"{version} imports, but megatron-core's TransformerEngine extension does not"
     return str(version), "importable"
 
 
