@@ -97,8 +97,10 @@ class LearnerConfig(Section):
     update_every: int = Field(1, ge=1, description="Publish a new policy version every this many "
                               "steps (admission then lets batch_size x this many rollouts start per version).")
     checkpoint_every: int = Field(
-        1, description="Checkpoint every this many steps; entries are acknowledged only after "
-        "the checkpoint that records them, so kill -9 + --resume trains each sample once.")
+        1, ge=1, description="Checkpoint (weights + optimizer state + consumed ids) every this many "
+        "steps, on its own cadence: versions published in between are weights only. Entries are "
+        "acknowledged only after the checkpoint that records them, so kill -9 + --resume trains "
+        "each sample once (the steps since the last checkpoint are trained again).")
     keep_checkpoints: int = Field(2, description="Checkpoints kept on disk (oldest removed).")
     max_steps: int | None = Field(None, description="Stop after this many optimizer steps (unset: run on).")
     idle_exit_s: float | None = Field(

@@ -1,18 +1,25 @@
-"""The learner loop: read -> assemble -> train -> (publish) -> checkpoint -> ack.
+"""The learner loop: read -> assemble -> train -> (checkpoint) -> (publish) -> ack.
 
 Order of one step, and why it trains each sample exactly once across kill -9 + --resume:
 1. train on the batch (optimizer step);
 2. append the batch's sample ids to trained.jsonl (fsync) with the step number;
-3. every `update_every` steps: version + 1; checkpoint (model, optimizer, RNG, step,
-   version, consumed ids) — always when a version is published, so a published version is
-   never trained again under another number;
-4. publish the version (a crash between 3 and 4 is repaired on resume: the checkpointed
-   version is published if the registry is behind);
-5. XACK every entry decided up to this checkpoint.
-A crash before 3 loses the step (the model reverts to the last checkpoint), its entries are
-still pending, and resume claims them (XAUTOCLAIM) and trains them again; trained.jsonl lines
-after the checkpoint's step are dropped. A crash after 3 but before 5 re-delivers entries
-whose ids the checkpoint lists as consumed: they are skipped and acked.
+3. every `update_every` steps: version + 1;
+4. every `checkpoint_every` steps: checkpoint (model, optimizer, RNG, step, version, consumed
+   ids) — on its own cadence: a checkpoint holds the optimizer state (several times the
+   weights), a published version only the weights;
+5. publish the version, if the step made one (weights only);
+6. after a checkpoint: XACK every entry decided up to it.
+Nothing is acknowledged that no checkpoint records: a kill at any point loses the steps since
+the last checkpoint (the model reverts to it, trained.jsonl lines after its step are dropped),
+their entries are still pending, and resume claims them (XAUTOCLAIM) and trains them again. A
+kill after 4 but before 6 re-delivers entries whose ids the checkpoint lists as consumed: they
+are skipped and acknowledged. Entries dropped untrained while steps are not yet checkpointed
+wait for the next checkpoint's acknowledgement too (the decision rests on state a kill loses).
+Versions only go forward: the versions published after the checkpoint (of steps now lost) stay
+published, so on resume the checkpoint's weights are published again as the next version after
+the newest in the registry (never under a number servers already hold); a kill between a
+checkpoint and its publish leaves the registry behind, and resume publishes the checkpointed
+version. A clean stop checkpoints the steps since the last checkpoint.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class Learner:
         self.trained = TrainedIds(self.run_dir / "learner" / "trained.jsonl")
         self._to_ack: list[str] = []
         self._last_ack = ""
+        self._saved_step = self.state.step  # the step the newest checkpoint records
         self._stop = asyncio.Event()
         self._last_beat = 0.0
 
@@ -101,7 +109,10 @@ class Learner:
                     # entries dropped while no step happens (stale, late, duplicates) need no
                     # checkpoint: they will never train, so acknowledge them now
                     dropped = self.asm.take_decided()
-                    await self.reader.ack(dropped)
+                    if self.state.step > self._saved_step:
+                        self._to_ack += dropped  # decided on state a kill would lose
+                    else:
+                        await self.reader.ack(dropped)
                     if (self.lcfg.idle_exit_s is not None
                             and time.monotonic() - last_arrival > self.lcfg.idle_exit_s):
                         log.info("learner_idle_exit", idle_s=self.lcfg.idle_exit_s)
@@ -109,6 +120,9 @@ class Learner:
                 if await asyncio.to_thread(self.trainer.poll):  # a signal to any rank stops all
                     self.stop()
                 await self._heartbeat()
+            if self.state.step > self._saved_step:  # a clean stop keeps every step
+                await self._checkpoint()
+                await self._ack()
         finally:
             await self._heartbeat(force=True, status="stopped")
             self.metrics.close()
@@ -148,15 +162,17 @@ class Learner:
         publish = st.step % max(1, self.lcfg.update_every) == 0
         if publish:
             st.version += 1
+        save = st.step % max(1, self.lcfg.checkpoint_every) == 0
         t_ckpt = t_pub = 0.0
-        if publish or st.step % max(1, self.lcfg.checkpoint_every) == 0:
+        if save:
             t0 = time.perf_counter()
             await self._checkpoint()
             t_ckpt = time.perf_counter() - t0
-            if publish:
-                t0 = time.perf_counter()
-                await self._publish(st.version)
-                t_pub = time.perf_counter() - t0
+        if publish:
+            t0 = time.perf_counter()
+            await self._publish(st.version)
+            t_pub = time.perf_counter() - t0
+        if save:
             await self._ack()
         # wall clock at the step's end, with step_time_s + checkpoint_s + publish_s: how long
         # the learner was busy, and so idle (benchmarks/async_vs_sync.py)
@@ -175,6 +191,7 @@ class Learner:
         st.dropped_stale = {str(k): v for k, v in self.asm.dropped_stale.items()}
         await asyncio.to_thread(checkpoint.save, self.run_dir, self.trainer, st,
                                 self.lcfg.keep_checkpoints)
+        self._saved_step = st.step
 
     async def _ack(self) -> None:
         if self._to_ack:
@@ -187,18 +204,29 @@ class Learner:
         if self.publisher is None:
             return
         t0 = time.perf_counter()
-        weights = await asyncio.to_thread(self.trainer.weights)
-        await self.publisher.publish(version, self.state.step, lambda: weights)
+        # the publisher pulls the tensors as it writes or snapshots them (Trainer.weights
+        # streams them from the ranks): the model is never gathered whole for it
+        await self.publisher.publish(version, self.state.step, self.trainer.weights)
         log.info("published", version=version, step=self.state.step,
                  seconds=round(time.perf_counter() - t0, 3))
 
     async def _ensure_published(self) -> None:
-        """A crash between checkpoint and publish leaves the registry behind: publish again."""
-        if self.publisher is not None and self.state.version > 0:
-            current = await self.policy.current()
-            if current < self.state.version:
-                log.info("republish_after_resume", version=self.state.version, registry=current)
-                await self._publish(self.state.version)
+        """At start, the registry and the checkpoint agree on the version: a crash between
+        checkpoint and publish left the registry behind (publish the checkpointed version); a
+        crash after weights-only publishes left it ahead with versions of lost steps (publish
+        the checkpoint's weights as the version after the newest)."""
+        if self.publisher is None:
+            return
+        current, st = await self.policy.current(), self.state
+        if current == st.version:
+            return
+        if current > st.version:
+            log.info("versions_after_checkpoint_lost", checkpoint_version=st.version, registry=current,
+                     step=st.step, republish=current + 1)
+            st.version = current + 1
+        else:
+            log.info("republish_after_resume", version=st.version, registry=current)
+        await self._publish(st.version)
 
     async def _heartbeat(self, force: bool = False, status: str = "running") -> None:
         now = time.time()

@@ -7,11 +7,17 @@ small Python objects on CPU), carry each one out and answer. Every answer also s
 rank was asked to stop (SIGTERM/SIGINT), so a signal to any rank stops all of them after the
 current command. A rank that fails exits; its peers' sockets close, their collectives fail, and
 torchrun ends the job with the failed rank named.
+
+The channel carries small objects only: `gather_object` pickles every rank's answer and pads
+them all to the largest, so a model-sized answer would cost its size times the world on rank 0.
+Tensors (publishing, learner.trainer) move over tensor collectives instead, and an answer over
+MAX_REPLY_BYTES is refused with an error naming the command.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +31,13 @@ from common.logs import get_logger
 log = get_logger("learner.ranks")
 
 TRAIN, SAVE, LOAD, WEIGHTS, TICK, STOP = "train", "save", "load", "weights", "tick", "stop"
+# a step's statistics are a few hundred bytes; a reply this large is a tensor that should have
+# gone over a tensor collective
+MAX_REPLY_BYTES = 16 << 20
+
+
+class ReplyTooLarge(ValueError):
+    """An answer too large for the command channel (see the module docstring)."""
 
 
 @dataclass
@@ -102,7 +115,7 @@ class Channel:
         import torch.distributed as dist
 
         got: list[Any] = [None] * self.ranks.world
-        dist.gather_object(Reply(mine, self.ranks.stop_requested.is_set()), got, dst=0,
+        dist.gather_object(_small(Reply(mine, self.ranks.stop_requested.is_set())), got, dst=0,
                            group=self.ranks.group)
         return got
 
@@ -118,7 +131,7 @@ class Channel:
     def answer(self, result: Any) -> None:
         import torch.distributed as dist
 
-        dist.gather_object(Reply(result, self.ranks.stop_requested.is_set()), None, dst=0,
+        dist.gather_object(_small(Reply(result, self.ranks.stop_requested.is_set())), None, dst=0,
                            group=self.ranks.group)
 
     def all_gather(self, mine: Any) -> list[Any]:
@@ -128,6 +141,15 @@ class Channel:
         got: list[Any] = [None] * self.ranks.world
         dist.all_gather_object(got, mine, group=self.ranks.group)
         return got
+
+
+def _small(reply: Reply) -> Reply:
+    n = len(pickle.dumps(reply))
+    if n > MAX_REPLY_BYTES:
+        raise ReplyTooLarge(f"a learner rank's answer of {n} bytes (over {MAX_REPLY_BYTES}) through "
+                            f"the command channel: {type(reply.result).__name__} is too large to pickle "
+                            "and gather; tensors go over tensor collectives (learner.trainer)")
+    return reply
 
 
 def shutdown(ranks: Ranks, clean: bool) -> None:

@@ -1,16 +1,22 @@
 """What the learner loop asks of the model, on one rank or on many.
 
 `Trainer` is rank 0's handle: `train(items)` takes one optimizer step on a batch, `save`/`load`
-a checkpoint's model part, `weights()` the policy to publish, `poll()` whether any rank was asked
-to stop. On a single process it drives the backend directly; under torchrun it splits each
+a checkpoint's model part, `weights()` the policy to publish as a stream, `poll()` whether any
+rank was asked to stop. On a single process it drives the backend directly; under torchrun it splits each
 step's items into one shard per data-parallel index (tensor/pipeline peers get the same shard),
 sends every rank its command (learner/ranks.py), does its own share, and merges the answers.
 `follow` is the loop of every other rank.
+
+Publishing never sends the model through the command channel: WEIGHTS only starts every rank's
+`publish_tensors` (a collective that brings the tensors to rank 0 over tensor collectives, one
+bucket at a time), rank 0 hands each tensor to the consumer as it arrives, and every rank
+answers with a count.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,7 @@ from learner.train import train_step
 
 log = get_logger("learner.trainer")
 
-Weights = list[tuple[str, torch.Tensor]]
+Weights = Iterator[tuple[str, torch.Tensor]]
 # statistics that are not sums over the step's samples
 _MAX = ("imp_weight_max", "step_time_s")
 _SAME = ("grad_norm", "lr", "skipped")
@@ -46,8 +52,8 @@ class RankWorker:
         if cmd == LOAD:
             self.backend.load(Path(payload))
             return None
-        if cmd == WEIGHTS:
-            return list(self.backend.publish_tensors())
+        if cmd == WEIGHTS:  # rank 0 streams its own share (Trainer.weights); this is a follower's
+            return sum(1 for _ in self.backend.publish_tensors())
         if cmd == TICK:
             return None
         raise ValueError(f"unknown learner command {cmd!r}")
@@ -105,8 +111,27 @@ class Trainer:
         self._run(LOAD, self._everyone(str(path)))
 
     def weights(self) -> Weights:
-        """The policy in HF naming, as CPU tensors on rank 0 (gathered one tensor at a time)."""
-        return self._run(WEIGHTS, self._everyone(None))[0]
+        """The policy in HF naming, as CPU tensors on rank 0, streamed: each comes over tensor
+        collectives as the consumer asks for it, so rank 0 holds what the consumer keeps plus
+        one bucket. The stream is one collective of every rank: consume it to the end in one
+        thread, with no other command in between; a consumer that stops early (an error) has
+        the rest drained when the generator is closed, so the ranks stay in step."""
+        stream = self.worker.backend.publish_tensors()
+        if self.channel is None:
+            yield from stream
+            return
+        self.channel.send(WEIGHTS, self._everyone(None))
+        n = 0
+        try:
+            for named in stream:
+                n += 1
+                yield named
+        finally:
+            for _ in stream:  # the followers are in the same collective until its end
+                pass
+            replies = self.channel.collect(n)
+            if any(r.stop for r in replies):
+                self.ranks.stop_requested.set()
 
     def poll(self) -> bool:
         """Between steps: True when any rank has been asked to stop."""

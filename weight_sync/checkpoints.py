@@ -48,36 +48,40 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _shards(tensors: dict[str, torch.Tensor], shard_bytes: int) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
+# safetensors' dtype names (its format: u64 little-endian header length, a JSON header naming each
+# tensor's dtype, shape and byte range, then the tensors' bytes back to back)
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+              torch.uint8: "U8", torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3",
+              torch.float8_e5m2: "F8_E5M2"}
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]],
+                      metadata: dict[str, str] | None = None) -> str:
+    """Write CPU tensors as one safetensors file straight from their memory (no serialised copy
+    of the file, unlike safetensors.torch.save, which holds two) and fsync it; its sha256."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    start = 0
+    for name, t in tensors:
+        if t.dtype not in _ST_DTYPES:
+            raise CheckpointError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
         n = t.numel() * t.element_size()
-        if shards[-1] and size + n > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += n
-    return shards
-
-
-def _snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """CPU, contiguous, unshared tensors (safetensors refuses shared storage)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in named_tensors:
-        if name in out:
-            raise CheckpointError(f"tensor name {name!r} appears twice")
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.to("cpu")
-        out[name] = t.contiguous()
-    seen: dict[int, str] = {}
-    for name, t in out.items():  # tied weights arrive as one storage under two names
-        ptr = t.untyped_storage().data_ptr()
-        if ptr and ptr in seen:
-            out[name] = t.clone()
-        seen.setdefault(ptr, name)
-    return out
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [start, start + n]}
+        start += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in (len(head).to_bytes(8, "little"), head):
+            f.write(chunk)
+            h.update(chunk)
+        for _, t in tensors:
+            raw = memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+            f.write(raw)
+            h.update(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest()
 
 
 def _write_bytes(path: Path, data: bytes) -> str:
@@ -97,9 +101,11 @@ def write_checkpoint(
     shard_mb: float = 4096.0,
 ) -> dict[str, Any]:
     """Write version `version` and return its manifest. The directory appears whole or not at
-    all (temp dir + rename); a directory already at that version is replaced."""
-    from safetensors.torch import save
-
+    all (temp dir + rename); a directory already at that version is replaced. The tensors are
+    written as they arrive, a shard of at most `shard_mb` at a time (a larger tensor gets a
+    shard alone): the shard being filled is all this holds of the model. `named_tensors` is
+    consumed once; if it has a close() (a generator) it is closed whatever happens, in this
+    thread (the learner's stream drains its collective there)."""
     t0 = time.monotonic()
     root = weights_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -107,20 +113,50 @@ def write_checkpoint(
     tmp = root / f".tmp-v{version:06d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        files: dict[str, str] = {}
-        tensors = _snapshot(named_tensors)
-        if not tensors:
+        shard_bytes = int(shard_mb * (1 << 20))
+        parts: list[tuple[str, list[str]]] = []  # the hash and tensor names of each shard written
+        shard: list[tuple[str, torch.Tensor]] = []
+        seen: set[str] = set()
+        size = total = 0
+
+        def flush() -> None:
+            # final names need the number of shards, known only at the end: renamed then
+            sha = write_safetensors(tmp / f"part-{len(parts)}.tmp", shard, {"format": "pt"})
+            parts.append((sha, [n for n, _ in shard]))
+            shard.clear()
+
+        it = iter(named_tensors)
+        try:
+            for name, t in it:
+                if name in seen:
+                    raise CheckpointError(f"tensor name {name!r} appears twice")
+                seen.add(name)
+                t = t.detach()
+                if t.device.type != "cpu":
+                    t = t.to("cpu")
+                n = t.numel() * t.element_size()
+                if shard and size + n > shard_bytes:
+                    flush()
+                    size = 0
+                shard.append((name, t))
+                size, total = size + n, total + n
+            if shard:
+                flush()
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        if not parts:
             raise CheckpointError(f"version {version}: no tensors to write")
-        shards = _shards(tensors, int(shard_mb * (1 << 20)))
+        files: dict[str, str] = {}
         weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            name = ("model.safetensors" if len(shards) == 1
-                    else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            # Serialise to memory once: the same bytes are hashed and written (no re-read).
-            files[name] = _write_bytes(tmp / name, save(shard, metadata={"format": "pt"}))
-            weight_map.update(dict.fromkeys(shard, name))
-        if len(shards) > 1:
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
+        for i, (sha, names) in enumerate(parts):
+            name = ("model.safetensors" if len(parts) == 1
+                    else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors")
+            (tmp / f"part-{i}.tmp").rename(tmp / name)
+            files[name] = sha
+            weight_map.update(dict.fromkeys(names, name))
+        if len(parts) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             files[_WEIGHT_INDEXES[0]] = _write_bytes(
                 tmp / _WEIGHT_INDEXES[0], json.dumps(index, indent=2).encode())
@@ -139,7 +175,7 @@ def write_checkpoint(
             "path": str(final),
             "files": files,
             "bytes": sum((tmp / n).stat().st_size for n in files),
-            "tensors": len(tensors),
+            "tensors": len(seen),
             "write_s": round(time.monotonic() - t0, 4),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))

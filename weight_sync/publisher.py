@@ -27,15 +27,20 @@ log = get_logger("weight_sync")
 
 class Publisher:
     """publish(version, step, named_tensors):
-    1. distributed transport: snapshot the tensors (CPU copies) and offer them to the
-       coordinator, which starts loading them into ready servers at once;
+    1. distributed transport: snapshot the tensors (CPU copies: the whole model, held until
+       every live server has it) and offer them to the coordinator, which starts loading them
+       into ready servers at once;
     2. write the HF checkpoint (temp dir + rename, sha256 per file) — servers that join or
-       restart load it, and it is the disk transport's payload;
+       restart load it, and it is the disk transport's payload. With the disk transport the
+       tensors stream into it from `named_tensors` as they come: one shard is held, never
+       the model;
     3. PolicyRegistry.publish(version, manifest): current = version;
     4. wake the coordinator (disk transport: it starts the rolling update now);
     5. with weight_sync.wait_rollout, wait until every live server has tried the version.
     Returns the manifest. The learner may go on training as soon as it returns: nothing
-    here keeps a reference to its live parameters."""
+    here keeps a reference to its live parameters. `named_tensors` is called once, and what it
+    returns is consumed once, to the end, on one worker thread (the learner's stream is a
+    collective of its ranks)."""
 
     def __init__(self, cfg: WeightSyncConfig, redis: aioredis.Redis, keys: Keys, run_dir: str,
                  base_model_dir: str | None, coordinator: CoordinatorThread | None) -> None:
@@ -48,7 +53,7 @@ class Publisher:
         t0 = time.monotonic()
         coord = self.coordinator
         if self.cfg.transport == "distributed" and coord is not None:
-            snap = Snapshot.take(version, named_tensors())
+            snap = await asyncio.to_thread(Snapshot.take, version, named_tensors())
             coord.offer(snap)
             # The disk copy only serves servers that join later: let the broadcasts that can
             # start now go first instead of competing with them for CPU and memory bandwidth.
