@@ -67,6 +67,7 @@ def test_recipe_gpus_and_launch_comments_agree(name):
     text = (GPU / name).read_text()
     assert f"--tp-size {cl.inference_tp_size} --mem-fraction {cl.inference_mem_fraction:g}" in text
     assert f"--nproc-per-node {cl.gpus_per_node}" in text
+    assert f"swarl doctor --config configs/gpu/{name}" in text  # check a node before it runs
     if cl.learner_nodes > 1:
         assert f"torchrun --nnodes {cl.learner_nodes}" in text
 
