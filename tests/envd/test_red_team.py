@@ -340,3 +340,49 @@ def test_the_hacks_work_without_the_defence(docker_client: Any, image: str, api:
     undefended = {k: _official_resolved(log) for k, (_report, log) in results.items()}
     assert undefended == dict.fromkeys(working, True), {k: results[k][1][-3000:] for k, ok in undefended.items()
                                                         if not ok}
+
+
+def _gold_through_envd(api: httpx.Client, rows: list[dict[str, Any]], images: list[str]) -> list[str]:
+    """Each row's gold patch graded by envd (refereed): problems, if any."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(row: dict[str, Any], image: str) -> str | None:
+        cid = api.post("/container/create", json={"image": image}).json()["container_id"]
+        try:
+            ev = api.post("/container/evaluate", json={"container_id": cid, "patch": row["patch"], "instance": row,
+                                                      "timeout": 300}).json()
+        finally:
+            api.post("/container/destroy", json={"container_id": cid})
+        f2p = set(ev.get("fail_to_pass") or {})
+        if ev.get("resolved") and not ev.get("reward_hack") and ev.get("referee", {}).get("isolated", {}).keys() <= f2p \
+                and ev["referee"]["runs"] >= 2:
+            return None
+        return f"{row['instance_id']}: {ev.get('error')} {ev.get('reward_hack')} {ev.get('output', '')[-1500:]}"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return [p for p in pool.map(one, rows, images) if p]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_generated_gold_resolves_through_the_referee(api: httpx.Client, docker_client: Any) -> None:
+    """No false positive on the generated suite: one instance per bug family (`make long`: all)."""
+    from envd.images import build_task_images
+
+    seen: set[str] = set()
+    rows = [r for r in load_tasks(suite="generated")
+            if r["swarl_family"] not in seen and not seen.add(r["swarl_family"])]  # type: ignore[func-returns-value]
+    problems = _gold_through_envd(api, rows, build_task_images(docker_client, rows, progress=False))
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_every_generated_gold_resolves_through_the_referee(api: httpx.Client, docker_client: Any) -> None:
+    from envd.images import build_task_images
+
+    rows = load_tasks(suite="generated")
+    problems = _gold_through_envd(api, rows, build_task_images(docker_client, rows, progress=False))
+    assert not problems, "\n\n".join(problems)
+
