@@ -1,16 +1,30 @@
-"""Generated task instances that must be read: many per bug family, each in a repository of its
-own, with package, module, function and variable names and line numbers drawn per instance.
+"""Generated task instances where reading decides the edit: the same symptom has two correct
+fixes, and which one is right is only in the code the agent inspects.
 
-No command can be memorised: the path and the line of the bug appear only in what the
-repository shows when it is inspected (`grep -rn -A2 'def <name>(' .`), and the issue names
-only the function and its symptom. Every instance is a real SWE-bench row (base_commit,
-patch, test_patch, FAIL_TO_PASS / PASS_TO_PASS, eval_script) graded by its tests in Docker,
-like the hand-written suite (envd/tasks/tasks.jsonl).
+Each bug family has two *forms* of the same function whose fixes are inverse edit primitives
+(`a > b` fixed by ` > ` -> ` >= `; `not b >= a` fixed by ` >= ` -> ` > `), two *layouts*
+(`return <expr>`, or `result = <expr>` then `return result`), four issue *wordings* and argument
+values drawn per instance. The symptom (the issue text) is the same for both forms, so a
+policy that maps the symptom to an edit resolves at most half of a split, whatever edits it
+chains (each primitive of a pair sets the line to one form's fix, undoing the other's: the
+last one applied wins); reading the line and choosing the primitive whose fragment it holds
+resolves all of it. `best_fixed_policy` computes the best symptom -> edits table exactly, by
+applying every sequence of primitives and running the tests in process
+(tests/envd/test_generated_tasks.py bounds it).
+
+Every instance is a repository of its own (package `lib_<a>`, module `part_<b>.py`, four
+functions `fn_<c>` in a drawn order, parameter names and docstrings drawn) and a real
+SWE-bench row (base_commit, patch, test_patch, FAIL_TO_PASS / PASS_TO_PASS, eval_script)
+graded by its tests in Docker, like the hand-written suite (envd/tasks/tasks.jsonl). The issue
+names the function and the symptom, never the file or the line.
 
 Splits (the `swarl_split` field):
-- `train`: the train bug families in repositories named from the train vocabulary;
-- `heldout`: the same families in repositories named from a vocabulary training never sees;
-- `heldout_family`: bug families training never sees, in held-out-vocabulary repositories.
+- `train`: the train families in the (wording, form, layout) combinations of even parity;
+- `heldout`: the same families in the combinations of odd parity — each wording, form and
+  layout, and each pair of them, is trained on, but never this combination (and the buggy
+  function's number occurs nowhere in training);
+- `heldout_family`: `sum_at_least`, whose fix is two primitives (one of `comparison`'s and one
+  of `arithmetic`'s) applied in turn: demonstrated separately, never together.
 
 `python -m envd.tasks.generated` rewrites envd/tasks/generated.jsonl; `--check` exits 1 when
 it is stale. The rows are a pure function of GEN_SEED and the tables below.
@@ -18,10 +32,13 @@ it is stale. The rows are a pure function of GEN_SEED and the tables below.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
 import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,70 +51,157 @@ from envd.tasks.specs import REPO_PREFIX, task_image_name
 GENERATED_JSONL = Path(__file__).resolve().parent / "generated.jsonl"
 GEN_SEED = 20261123
 SPLITS = ("train", "heldout", "heldout_family")
-COUNTS = {"train": 24, "heldout": 6, "heldout_family": 8}  # instances per family in each split
+PER_COMBO = {"train": 3, "heldout": 1, "heldout_family": 1}  # instances per family and combination
 
 # Identifiers are numbered (package lib_<a>, module part_<b>, functions fn_<c>): with digits as
-# single tokens the tiny model learns within its warm start to copy a number from what it reads;
-# (with an earlier tokenizer) it did not learn to copy words or paths (docs/demo.md).
-# Function numbers are split: held-out instances' buggy functions use numbers that occur nowhere
-# in training (train split, practice instances, any filler function), so what to type for them
-# has to be read.
+# single tokens the tiny model learns within its warm start to copy a number from what it reads.
+# Held-out instances' buggy functions use numbers that occur nowhere in training (train split,
+# practice instances, any filler function), so what to type for them has to be read.
 _FN_NUMBERS = list(range(10, 100))
-HELDOUT_FN_NUMBERS = frozenset(random.Random(GEN_SEED + 1).sample(_FN_NUMBERS, 40))
+HELDOUT_FN_NUMBERS = frozenset(random.Random(GEN_SEED + 1).sample(_FN_NUMBERS, 48))
 TRAIN_FN_NUMBERS = tuple(n for n in _FN_NUMBERS if n not in HELDOUT_FN_NUMBERS)
 ARGS = ("value", "limit", "left", "right", "amount", "extra", "start", "stop", "first", "second",
         "item", "bound")
+DOCSTRINGS = ("Return the result for the given inputs.", "Used by the reports.", "Keep this fast.")
+LAYOUTS = ("return", "result")  # `return <expr>` | `result = <expr>` + `return result`
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """An edit: the first `old` on the line becomes `new` (sed's `s/old/new/`); no-op without it."""
+
+    name: str
+    old: str
+    new: str
+
+    def apply(self, line: str) -> str:
+        return line.replace(self.old, self.new, 1)
+
+
+PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
+    Primitive("ge", " > ", " >= "), Primitive("gt", " >= ", " > "),
+    Primitive("plus_one", " - 1", " + 1"), Primitive("minus_one", " + 1", " - 1"),
+    Primitive("plus", " - ", " + "), Primitive("minus", " + ", " - "),
+    Primitive("and", " or ", " and "), Primitive("or", " and ", " or "),
+)}
+
+
+@dataclass(frozen=True)
+class Form:
+    """One way the function is written: its correct expression, the bug, and the primitives
+    that turn the bug into the correct expression (in order)."""
+
+    name: str
+    good: str            # `{a}`, `{b}`: the parameters
+    bad: str
+    fix: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Family:
-    """A kind of bug: the correct function, the fragment the bug swaps on one line, plausible
-    wrong replacements, the added tests and the issue's title."""
+    """A kind of bug: two forms with the same symptom, the edits demonstrated for it, the tests
+    and the issue's wordings. `args(rng)` draws the values the tests and the issue use."""
 
     name: str
-    params: int               # how many parameters the function takes (named from ARGS)
-    body: tuple[str, ...]     # correct body lines; `{a}`, `{b}` are the parameters
-    good: str                 # fragment of the target line (in the correct code)
-    bad: str                  # what the bug puts in its place
-    wrong: tuple[str, str]    # plausible wrong fixes (what an agent might put in place of `bad`)
-    passing: str              # a test that passes with and without the bug (PASS_TO_PASS)
-    failing: str              # the added test that fails with the bug (FAIL_TO_PASS)
-    title: str                # the issue's first line (the symptom)
+    params: int
+    forms: tuple[Form, Form]
+    primitives: tuple[str, ...]   # what the warm start demonstrates for this symptom
+    passing: str                  # passes with and without the bug (PASS_TO_PASS)
+    failing: str                  # the added test, fails with the bug (FAIL_TO_PASS)
+    wordings: tuple[str, ...]     # the issue's first line; `{fn}` and the drawn arguments
+    args: Callable[[random.Random], dict[str, Any]]
+
+
+def _cmp_args(rng: random.Random) -> dict[str, Any]:
+    return {"n": rng.randint(1, 9)}
+
+
+def _range_args(rng: random.Random) -> dict[str, Any]:
+    x = rng.randint(1, 5)
+    y = x + rng.randint(2, 4)
+    return {"x": x, "y": y, "expected": list(range(x, y + 1))}
+
+
+def _sum_args(rng: random.Random) -> dict[str, Any]:
+    x, y = rng.randint(6, 20), rng.randint(1, 5)
+    return {"x": x, "y": y, "good": x + y, "bad": x - y}
+
+
+def _bool_args(rng: random.Random) -> dict[str, Any]:
+    p, q = rng.choice([(True, False), (False, True)])
+    return {"p": p, "q": q}
+
+
+def _zero_args(rng: random.Random) -> dict[str, Any]:
+    return {"x": rng.randint(2, 9)}
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("comparison_operator", 2, ("return {a} >= {b}",), " >= ", " > ", (" < ", " == "),
+    Family("comparison", 2,
+           (Form("gt", "{a} >= {b}", "{a} > {b}", ("ge",)),
+            Form("not_ge", "not {b} > {a}", "not {b} >= {a}", ("gt",))),
+           ("ge", "gt"),
            "assert {fn}(5, 3) is True\n    assert {fn}(1, 3) is False",
-           "assert {fn}(3, 3) is True\n    assert {fn}(5, 3) is True\n    assert {fn}(1, 3) is False",
-           "{fn}(3, 3) returns False, but equal values should pass"),
-    Family("off_by_one", 2, ("return list(range({a}, {b} + 1))",), "{b} + 1))", "{b}))",
-           ("{b} - 1))", "{b} + 2))"),
+           "assert {fn}({n}, {n}) is True\n    assert {fn}(5, 3) is True\n    assert {fn}(1, 3) is False",
+           ("{fn}({n}, {n}) returns False, but equal values should pass",
+            "{fn} rejects equal inputs: {fn}({n}, {n}) should be True",
+            "Equal arguments fail: {fn}({n}, {n}) gives False, expected True",
+            "{fn}({n}, {n}) is False; a value equal to the bound should count"),
+           _cmp_args),
+    Family("off_by_one", 2,
+           (Form("stop", "list(range({a}, {b} + 1))", "list(range({a}, {b} - 1))", ("plus_one",)),
+            Form("descending", "sorted(range({b}, {a} - 1, -1))", "sorted(range({b}, {a} + 1, -1))",
+                 ("minus_one",))),
+           ("plus_one", "minus_one"),
            "assert {fn}(4, 3) == []",
-           "assert {fn}(1, 3) == [1, 2, 3]\n    assert {fn}(2, 2) == [2]",
-           "{fn}(1, 3) leaves out 3, the end should be included"),
-    Family("arithmetic_operator", 2, ("return {a} + {b}",), " + ", " - ", (" * ", " % "),
+           "assert {fn}({x}, {y}) == {expected}\n    assert {fn}(4, 3) == []",
+           ("{fn}({x}, {y}) should return {expected}: both ends are included",
+            "{fn}({x}, {y}) returns the wrong list; expected {expected}",
+            "Range helper {fn} is off: {fn}({x}, {y}) must give {expected}",
+            "{fn}({x}, {y}) does not return {expected}"),
+           _range_args),
+    Family("arithmetic", 2,
+           (Form("minus", "{a} + {b}", "{a} - {b}", ("plus",)),
+            Form("negated", "{a} - (-{b})", "{a} + (-{b})", ("minus",))),
+           ("plus", "minus"),
            "assert {fn}(4, 0) == 4",
-           "assert {fn}(10, 5) == 15\n    assert {fn}(2, 3) == 5",
-           "{fn}(10, 5) returns 5, expected 15"),
-    Family("boolean_logic", 2, ("return {a} and {b}",), " and ", " or ", (" is ", " == "),
-           "assert {fn}(True, True) is True",
-           "assert {fn}(True, False) is False\n    assert {fn}(False, False) is False\n"
-           "    assert {fn}(True, True) is True",
-           "{fn}(True, False) returns True, expected False"),
-    # held-out families: never in training
-    Family("none_handling", 1, ("if {a} is None:", "    return -1", "return {a}"), "{a} is None:", "not {a}:",
-           ("{a} == 0:", "{a}:"),
-           "assert {fn}(None) == -1\n    assert {fn}(7) == 7",
-           "assert {fn}(0) == 0\n    assert {fn}(None) == -1\n    assert {fn}(7) == 7",
-           "{fn}(0) returns -1 instead of 0"),
-    Family("wrong_builtin", 2, ("return max({a}, {b})",), "max(", "min(", ("abs(", "sum("),
-           "assert {fn}(4, 4) == 4",
-           "assert {fn}(2, 7) == 7\n    assert {fn}(9, 1) == 9",
-           "{fn}(2, 7) returns 2, expected 7"),
+           "assert {fn}({x}, {y}) == {good}\n    assert {fn}(4, 0) == 4",
+           ("{fn}({x}, {y}) returns {bad}, expected {good}",
+            "{fn} does not add: {fn}({x}, {y}) gives {bad} instead of {good}",
+            "Wrong total from {fn}: {fn}({x}, {y}) should be {good}",
+            "{fn}({x}, {y}) == {bad}, but the sum is {good}"),
+           _sum_args),
+    Family("boolean_logic", 2,
+           (Form("or", "{a} and {b}", "{a} or {b}", ("and",)),
+            Form("de_morgan", "not (not {a} or not {b})", "not (not {a} and not {b})", ("or",))),
+           ("and", "or"),
+           "assert {fn}(True, True)\n    assert not {fn}(False, False)",
+           "assert not {fn}({p}, {q})\n    assert {fn}(True, True)\n    assert not {fn}(False, False)",
+           ("{fn}({p}, {q}) returns True, expected False",
+            "{fn} should need both: {fn}({p}, {q}) is True",
+            "{fn}({p}, {q}) must be False, both conditions are required",
+            "One true input is enough for {fn}({p}, {q}), but both should be needed"),
+           _bool_args),
+    # held out: a fix of two primitives, each demonstrated (with comparison, arithmetic) alone
+    Family("sum_at_least", 2,
+           (Form("difference", "{a} + {b} >= 0", "{a} - {b} > 0", ("plus", "ge")),
+            Form("negated", "not -{a} - {b} > 0", "not -{a} + {b} >= 0", ("minus", "gt"))),
+           ("plus", "minus", "ge", "gt"),
+           "assert {fn}(5, 1) is True\n    assert {fn}(-9, 1) is False",
+           "assert {fn}(-{x}, {x}) is True\n    assert {fn}(5, 1) is True\n    assert {fn}(-9, 1) is False",
+           ("{fn}(-{x}, {x}) returns False, but a total of 0 should pass",
+            "{fn} rejects a zero sum: {fn}(-{x}, {x}) should be True",
+            "A sum of exactly 0 fails in {fn}: {fn}(-{x}, {x}) gives False",
+            "{fn}(-{x}, {x}) is False; totals of 0 should count"),
+           _zero_args),
 )}
-TRAIN_FAMILIES = ("comparison_operator", "off_by_one", "arithmetic_operator", "boolean_logic")
-HELDOUT_FAMILIES = ("none_handling", "wrong_builtin")
-DOCSTRINGS = ("Return the result for the given inputs.", "Used by the reports.", "Keep this fast.")
+TRAIN_FAMILIES = ("comparison", "off_by_one", "arithmetic", "boolean_logic")
+HELDOUT_FAMILIES = ("sum_at_least",)
+# (wording, form, layout): train has the even-parity combinations, heldout the odd ones
+COMBOS = tuple(itertools.product(range(4), range(2), range(2)))
+SPLIT_COMBOS = {"train": tuple(c for c in COMBOS if sum(c) % 2 == 0),
+                "heldout": tuple(c for c in COMBOS if sum(c) % 2 == 1),
+                "heldout_family": COMBOS}
 
 
 @dataclass(frozen=True)
@@ -107,39 +211,56 @@ class Instance:
     name: str                     # repository name, also the instance's
     split: str
     family: Family
+    form: Form
+    layout: str
+    wording: int
     files: dict[str, str]         # the correct repository
     path: str                     # the module the bug lives in
     lineno: int                   # 1-based line of the bug
+    good_line: str                # the line, correct
+    bad_line: str                 # the line with the bug
     fn: str                       # the buggy function
     test_path: str
+    passing_tests: str            # the test file's source (PASS_TO_PASS)
     failing_test: str             # the added test's source
     title: str
+    demo_edit: int = 0            # practice instances: which of the family's primitives to demonstrate
 
     @property
     def instance_id(self) -> str:
         return f"{REPO_PREFIX}__{self.name}"
 
+    @property
+    def shape(self) -> str:
+        """The code shape: form and layout (what the inspection shows that the issue does not)."""
+        return f"{self.form.name}/{self.layout}"
 
-def _function(rng: random.Random, fam: Family, fn: str) -> tuple[list[str], int, dict[str, str]]:
-    """Source lines of one function and the 0-based index of its target line."""
+    @property
+    def symptom(self) -> tuple[str, int]:
+        """What the issue text says, less the function's name and the argument values."""
+        return self.family.name, self.wording
+
+
+def _function(rng: random.Random, fam: Family, form: Form, layout: str, fn: str
+              ) -> tuple[list[str], int, str, str]:
+    """Source lines of one (correct) function, the 0-based index of its target line, and that
+    line correct and with the bug."""
     names = rng.sample(ARGS, 2)
     sub = {"a": names[0], "b": names[1]}
-    params = ", ".join(names[: fam.params])
-    lines = [f"def {fn}({params}):"]
+    lines = [f"def {fn}({', '.join(names[: fam.params])}):"]
     if rng.random() < 0.5:
         lines.append(f'    """{rng.choice(DOCSTRINGS)}"""')
-    target = -1
-    good = fam.good.format(**sub)
-    for line in fam.body:
-        text = "    " + line.format(**sub)
-        if target < 0 and good in text:
-            target = len(lines)
-        lines.append(text)
-    assert target >= 0, fam.name
-    return lines, target, sub
+    lead = "    return " if layout == "return" else "    result = "
+    good, bad = lead + form.good.format(**sub), lead + form.bad.format(**sub)
+    target = len(lines)
+    lines.append(good)
+    if layout == "result":
+        lines.append("    return result")
+    return lines, target, good, bad
 
 
-def _instance(rng: random.Random, split: str, fam: Family, index: int, used: set[str]) -> Instance:
+def _instance(rng: random.Random, split: str, fam: Family, combo: tuple[int, int, int], index: int,
+              used: set[str], demo_edit: int = 0) -> Instance:
     """`used`: module paths and (buggy function, family) pairs taken; updated with this
     instance's. Held-out instances' buggy functions are also unique among themselves."""
     held = split.startswith("heldout")
@@ -153,54 +274,74 @@ def _instance(rng: random.Random, split: str, fam: Family, index: int, used: set
         if path not in used and key not in used:
             used.update((path, key))
             break
+    wording, form_i, layout_i = combo
+    form, layout = fam.forms[form_i], LAYOUTS[layout_i]
     name = f"{pkg}-{mod}-{index}".replace("_", "")
     target_fn = fns[0]
     fillers = [FAMILIES[f] for f in rng.sample(TRAIN_FAMILIES, 3)]
     order: list[tuple[Family, str]] = [(fam, target_fn), *zip(fillers, fns[1:], strict=True)]
     rng.shuffle(order)
     src = ['"""Helpers of the ' + pkg + ' package."""', ""]
-    lineno = 0
+    lineno, good_line, bad_line = 0, "", ""
     tests = [f"from {pkg}.{mod} import {', '.join(sorted(fns))}", ""]
     for f, fn in order:
-        lines, target, _ = _function(rng, f, fn)
         if fn == target_fn:
-            lineno = len(src) + target + 1
-        src += ["", *lines, ""] if src[-1] != "" else [*lines, "", ""]
+            lines, target, good_line, bad_line = _function(rng, f, form, layout, fn)
+        else:  # a correct filler, of any form and layout
+            lines, target, _, _ = _function(rng, f, rng.choice(f.forms), rng.choice(LAYOUTS), fn)
+        pre, post = ([""], [""]) if src[-1] != "" else ([], ["", ""])
+        if fn == target_fn:
+            lineno = len(src) + len(pre) + target + 1
+        src += [*pre, *lines, *post]
         tests += ["", f"def test_{fn}():", "    " + f.passing.format(fn=fn), ""]
+    args = fam.args(rng)
     path = f"{pkg}/{mod}.py"
     test_path = f"tests/test_{mod}.py"
+    test_src = "\n".join(tests).rstrip("\n") + "\n"
     files = {
         "README.md": f"# {pkg}\n\nSmall helpers. Run the tests with `python3 -m pytest`.\n",
         f"{pkg}/__init__.py": "",
         path: "\n".join(src).rstrip("\n") + "\n",
         "tests/__init__.py": "",
-        test_path: "\n".join(tests).rstrip("\n") + "\n",
+        test_path: test_src,
     }
-    failing = f"def test_{target_fn}_issue():\n    " + fam.failing.format(fn=target_fn) + "\n"
-    return Instance(name, split, fam, files, path, lineno, target_fn, test_path, failing,
-                    fam.title.format(fn=target_fn))
+    failing = f"def test_{target_fn}_issue():\n    " + fam.failing.format(fn=target_fn, **args) + "\n"
+    return Instance(name, split, fam, form, layout, wording, files, path, lineno, good_line, bad_line,
+                    target_fn, test_path, test_src, failing, fam.wordings[wording].format(fn=target_fn, **args),
+                    demo_edit)
 
 
 @lru_cache(maxsize=1)
 def instances() -> tuple[Instance, ...]:
+    """Per split and family, PER_COMBO rounds over the split's combinations (so the first
+    len(combos) instances of a family are one of each: balanced forms for `--eval-per-family`)."""
     rng = random.Random(GEN_SEED)
     used: set[str] = set()
     out: list[Instance] = []
     for split, fams in (("train", TRAIN_FAMILIES), ("heldout", TRAIN_FAMILIES), ("heldout_family", HELDOUT_FAMILIES)):
         for fam in fams:
-            for _ in range(COUNTS[split]):
-                out.append(_instance(rng, split, FAMILIES[fam], len(out) + 1, used))
+            for _ in range(PER_COMBO[split]):
+                for combo in SPLIT_COMBOS[split]:
+                    out.append(_instance(rng, split, FAMILIES[fam], combo, len(out) + 1, used))
     return tuple(out)
 
 
 def practice(n: int, seed: int = 0) -> list[Instance]:
-    """`n` more instances of the train families, drawn like the train split, for the warm
-    start's demonstrations: no images (a demonstration's observations are computed), and no
-    path or function name of the held-out splits occurs in them."""
+    """`n` more instances of the train families in the train combinations, for the warm start's
+    demonstrations (no images: a demonstration's observations are computed); no path or
+    function number of the held-out splits occurs in them. The k-th instance of a family has
+    combination k mod 8 and `demo_edit` (k div 8) mod 2: over every 16 of a family, each
+    (combination, demonstrated primitive) pair once — the edit shown is independent of the code."""
     held = {i.path for i in instances() if i.split != "train"}
     rng = random.Random(f"practice-{seed}")
-    return [_instance(rng, "practice", FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]], k + 1, set(held))
-            for k in range(n)]
+    combos = SPLIT_COMBOS["train"]
+    out = []
+    for k in range(n):
+        fam = FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]]
+        j = k // len(TRAIN_FAMILIES)
+        out.append(_instance(rng, "practice", fam, combos[j % len(combos)], k + 1, set(held),
+                             demo_edit=(j // len(combos)) % len(fam.primitives)))
+    return out
 
 
 def demo_row(inst: Instance) -> dict[str, Any]:
@@ -208,40 +349,28 @@ def demo_row(inst: Instance) -> dict[str, Any]:
     gold, wrong = fix_commands(inst)
     return {"instance_id": inst.instance_id, "problem_statement": _statement(inst), "swarl_family": inst.family.name,
             "swarl_split": inst.split, "swarl_suite": "generated", "swarl_inspect_command": inspect_command(inst),
-            "swarl_fix_command": gold, "swarl_wrong_commands": wrong}
+            "swarl_fix_command": gold, "swarl_wrong_commands": wrong, "swarl_shape": inst.shape,
+            "swarl_wording": inst.wording, "swarl_edit_commands": edit_commands(inst),
+            "swarl_demo_edit": inst.demo_edit}
 
 
 def _statement(inst: Instance) -> str:
     return f"{inst.title}\n\nSeen in `{inst.fn}`; the other helpers are fine.\n"
 
 
-def _swap(line: str, old: str, new: str, where: str) -> str:
-    if line.count(old) != 1:
-        raise ValueError(f"{where}: fragment {old!r} must occur once on {line!r}")
-    return line.replace(old, new)
-
-
 def buggy(inst: Instance) -> dict[str, str]:
-    """The repository at the base commit: the bug injected on its line."""
+    """The repository at the base commit: the bug on its line."""
     files = dict(inst.files)
     lines = files[inst.path].split("\n")
-    sub = _subs(inst)
-    lines[inst.lineno - 1] = _swap(lines[inst.lineno - 1], inst.family.good.format(**sub),
-                                   inst.family.bad.format(**sub), inst.name)
+    if lines[inst.lineno - 1] != inst.good_line:
+        raise ValueError(f"{inst.name}: line {inst.lineno} is {lines[inst.lineno - 1]!r}, not the target")
+    lines[inst.lineno - 1] = inst.bad_line
     files[inst.path] = "\n".join(lines)
     return files
 
 
-def _subs(inst: Instance) -> dict[str, str]:
-    """The target function's parameter names (read back from its def line)."""
-    src = inst.files[inst.path].split("\n")
-    start = next(i for i, line in enumerate(src) if line.startswith(f"def {inst.fn}("))
-    params = src[start][len(f"def {inst.fn}("):-2].split(", ")
-    return {"a": params[0], "b": params[1] if len(params) > 1 else ""}
-
-
 def inspect_command(inst: Instance) -> str:
-    """The inspection that reveals where the bug lives (path and line)."""
+    """The inspection that reveals where the bug lives (path and line) and its form."""
     return f"grep -rn -A2 'def {inst.fn}(' ."
 
 
@@ -255,16 +384,77 @@ def inspect_output(inst: Instance) -> str:
     return "\n".join(out) + "\n"
 
 
-def fix_commands(inst: Instance) -> tuple[str, list[str]]:
-    """(the gold fix, the plausible wrong fixes) as `sed -i` commands on the line the inspection
-    printed, in the file that defines the function (found by grep, not typed)."""
-    sub = _subs(inst)
-    bad = inst.family.bad.format(**sub)
+def _sed(inst: Instance, prim: Primitive) -> str:
     where = f"$(grep -rl 'def {inst.fn}(' .)"
+    return sed_command("FILE", inst.lineno, prim.old, prim.new).removesuffix(" FILE") + " " + where
 
-    def sed(new: str) -> str:
-        return sed_command("FILE", inst.lineno, bad, new).removesuffix(" FILE") + " " + where
-    return sed(inst.family.good.format(**sub)), [sed(w.format(**sub)) for w in inst.family.wrong]
+
+def edit_commands(inst: Instance) -> dict[str, str]:
+    """The family's primitives as `sed -i` commands on the line the inspection printed, in the
+    file that defines the function (found by grep, not typed)."""
+    return {p: _sed(inst, PRIMITIVES[p]) for p in inst.family.primitives}
+
+
+def fix_commands(inst: Instance) -> tuple[str, list[str]]:
+    """(the gold fix: the form's primitives in turn; the wrong fixes: the family's other
+    primitives, and for a two-primitive fix each of its primitives alone)."""
+    gold = " && ".join(_sed(inst, PRIMITIVES[p]) for p in inst.form.fix)
+    wrong = [p for p in inst.family.primitives if p not in inst.form.fix]
+    if len(inst.form.fix) > 1:
+        wrong = [*inst.form.fix, *wrong]
+    return gold, [_sed(inst, PRIMITIVES[p]) for p in wrong]
+
+
+# -- what a fixed symptom -> edit table can score (exact) ------------------------------------
+
+def apply_edits(line: str, edits: Iterable[str]) -> str:
+    for e in edits:
+        line = PRIMITIVES[e].apply(line)
+    return line
+
+
+def resolves(inst: Instance, line: str) -> bool:
+    """Whether the repository with its target line replaced by `line` passes the instance's
+    tests (the passing ones and the added one), run in process: the module and the tests are
+    our own generated code."""
+    lines = inst.files[inst.path].split("\n")
+    lines[inst.lineno - 1] = line
+    ns: dict[str, Any] = {}
+    tests = "\n".join(x for x in inst.passing_tests.splitlines() if not x.startswith("from "))
+    try:
+        exec(compile("\n".join(lines), inst.path, "exec"), ns)  # generated code, ours
+        exec(compile(tests + "\n\n" + inst.failing_test, inst.test_path, "exec"), ns)
+        for name in [k for k in ns if k.startswith("test_")]:
+            ns[name]()
+    except Exception:  # an assertion, or an edit that broke the code
+        return False
+    return True
+
+
+def edit_sequences(max_len: int) -> list[tuple[str, ...]]:
+    """Every sequence of at most `max_len` primitives (the empty one included)."""
+    return [s for n in range(max_len + 1) for s in itertools.product(PRIMITIVES, repeat=n)]
+
+
+def best_fixed_policy(insts: Iterable[Instance], max_edits: int = 2,
+                      key: Callable[[Instance], Any] = lambda i: i.symptom) -> dict[str, Any]:
+    """The best policy that maps the symptom (`key`: by default family and wording) to one
+    sequence of at most `max_edits` primitives on the buggy line, whatever the code: its
+    resolve rate over `insts`, computed exactly (every sequence applied and tested)."""
+    seqs = edit_sequences(max_edits)
+    wins: dict[Any, Counter[tuple[str, ...]]] = defaultdict(Counter)
+    n = 0
+    for inst in insts:
+        n += 1
+        outcome: dict[str, bool] = {}
+        for s in seqs:
+            line = apply_edits(inst.bad_line, s)
+            if line not in outcome:
+                outcome[line] = resolves(inst, line)
+            wins[key(inst)][s] += int(outcome[line])
+    resolved = sum(max(c.values(), default=0) for c in wins.values())
+    return {"rate": resolved / max(1, n), "instances": n, "keys": len(wins),
+            "table": {str(k): max(c, key=lambda s: c[s]) if c else () for k, c in wins.items()}}
 
 
 def build_row(inst: Instance) -> dict[str, Any]:
@@ -298,9 +488,12 @@ def build_row(inst: Instance) -> dict[str, Any]:
         "swarl_family": inst.family.name,
         "swarl_split": inst.split,
         "swarl_suite": "generated",
+        "swarl_shape": inst.shape,
+        "swarl_wording": inst.wording,
         "swarl_inspect_command": inspect_command(inst),
         "swarl_fix_command": gold,
         "swarl_wrong_commands": wrong,
+        "swarl_edit_commands": edit_commands(inst),
     }
 
 

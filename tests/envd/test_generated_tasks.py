@@ -1,16 +1,21 @@
-"""The generated suite (envd/tasks/generated.py): instances that must be read.
+"""The generated suite (envd/tasks/generated.py): tasks where reading decides the edit.
 
 Without Docker: the rows are fresh, valid SWE-bench rows; no fix command, path or function
 name repeats across instances (nothing to memorise); held-out repositories' module paths and
-function names never occur in training (train split or the warm start's practice instances) and held-out families never occur in training.
+function names never occur in training, held-out (wording, form, layout) combinations never
+occur in training, and the held-out family never does. The best fixed symptom -> edits table
+is computed exactly (every sequence of primitives applied and the tests run in process) and
+scores no more than chance on every split, where a table that also knows the form (what the
+inspection shows) resolves everything.
 In Docker (each instance's own image): the gold patch resolves it, the fix command makes
 exactly the gold change, an empty patch and every wrong fix do not, and the inspection prints
 in the image exactly what the warm start's demonstrations show. `make test` grades one instance
-per family and split; `make long` grades all of them."""
+per family, form and split; `make long` grades all of them."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,12 +25,19 @@ from fixtures_tasks import Variant, run_variants
 from envd.rows import validate_row
 from envd.tasks import load_tasks
 from envd.tasks.generated import (
+    FAMILIES,
     HELDOUT_FAMILIES,
+    PRIMITIVES,
+    SPLITS,
     TRAIN_FAMILIES,
+    apply_edits,
+    best_fixed_policy,
     get_instance,
     inspect_output,
+    instances,
     main,
     practice,
+    resolves,
 )
 from swarl.demo import PRACTICE
 
@@ -62,17 +74,63 @@ def test_heldout_repositories_and_families_are_unseen() -> None:
     assert {r["swarl_family"] for r in train} == set(TRAIN_FAMILIES)
     assert {r["swarl_family"] for r in ROWS if r["swarl_split"] == "heldout"} == set(TRAIN_FAMILIES)
     assert {r["swarl_family"] for r in ROWS if r["swarl_split"] == "heldout_family"} == set(HELDOUT_FAMILIES)
+    # held-out combinations of wording x form x layout never occur in training (train split or
+    # practice), while each of their pairs of factors does: the combination is what is new
+    def combo(i: Any) -> tuple[str, int, str, str]:
+        return i.family.name, i.wording, i.form.name, i.layout
+    trained = {combo(i) for i in instances() if i.split == "train"} | {combo(i) for i in practice(256)}
+    held_combos = {combo(i) for i in instances() if i.split == "heldout"}
+    assert len(held_combos) == 32 and not held_combos & trained
+    for f, w, form, layout in held_combos:
+        assert any(c[:3] == (f, w, form) for c in trained) and any(c[::2] == (f, form) for c in trained)
+        assert any((c[0], c[1], c[3]) == (f, w, layout) for c in trained)
+        assert any((c[0], c[2], c[3]) == (f, form, layout) for c in trained)
     train_text = "\n".join([f for r in train for f in get_instance(r["instance_id"]).files.values()]
                            + [r["problem_statement"] for r in train])
     warm = practice(PRACTICE)
     warm_text = "\n".join(f for i in warm for f in i.files.values())
+    named = set(re.findall(r"\bfn_\d+\b", warm_text)) | set(re.findall(r"\bfn_\d+\b", train_text))
     for r in held:  # a held-out repository's module path and buggy function never occur in training
         inst = get_instance(r["instance_id"])
         assert inst.path not in {i.path for i in warm}, r["instance_id"]
-        assert not re.search(rf"\b{re.escape(inst.fn)}\b", warm_text), r["instance_id"]
-        assert not re.search(rf"\b{re.escape(inst.fn)}\b", train_text), r["instance_id"]
+        assert inst.fn not in named, r["instance_id"]
         pkg, mod = inst.path.removesuffix(".py").split("/")
         assert f"from {pkg}.{mod} import" not in train_text, r["instance_id"]
+
+
+def test_no_fixed_symptom_table_beats_chance() -> None:
+    """Exactly: the best table from the symptom (family and wording) to a sequence of up to 3
+    primitives (the step budget less the inspection) resolves half of train and held-out, and
+    of the two-primitive held-out family no more than half (none with one edit); a table that
+    also knows the form resolves all of it. So only reading the code gets above chance."""
+    for split in SPLITS:
+        insts = [i for i in instances() if i.split == split]
+        for key in (lambda i: i.symptom, lambda i: i.family.name):  # per wording, per family
+            best = best_fixed_policy(insts, max_edits=3, key=key)
+            assert best["rate"] <= 0.5, (split, best)
+        knows_form = best_fixed_policy(insts, max_edits=2, key=lambda i: (i.symptom, i.form.name))
+        assert knows_form["rate"] == 1.0, (split, knows_form)
+        # every symptom comes with both forms, equally often
+        for (fam, wording), forms in Counter((i.symptom, i.form.name) for i in insts).items():
+            assert forms == len(insts) // (2 * len({i.symptom for i in insts})), (split, fam, wording)
+        if split == "heldout_family":
+            assert best_fixed_policy(insts, max_edits=1)["rate"] == 0.0
+
+
+def test_each_form_has_its_own_fix() -> None:
+    """The gold fix is the form's primitives; the family's other primitive leaves the bug
+    (a no-op or a wrong line), and both forms' fixes exist among the demonstrated primitives."""
+    for inst in instances():
+        assert resolves(inst, inst.good_line) and not resolves(inst, inst.bad_line), inst.name
+        assert apply_edits(inst.bad_line, inst.form.fix) == inst.good_line
+        for p in inst.family.primitives:
+            if (p,) != inst.form.fix:
+                assert not resolves(inst, apply_edits(inst.bad_line, [p])), (inst.name, p)
+    for name in HELDOUT_FAMILIES:  # a composition of primitives demonstrated separately
+        for form in FAMILIES[name].forms:
+            assert len(form.fix) == 2
+            for p in form.fix:
+                assert p in PRIMITIVES and any(p in FAMILIES[t].primitives for t in TRAIN_FAMILIES)
 
 
 def _variants(row: dict[str, Any]) -> list[Variant]:
@@ -113,8 +171,9 @@ def _grade(client: Any, rows: list[dict[str, Any]]) -> None:
 def test_one_instance_per_family_and_split_graded_in_its_image(docker_client: Any) -> None:
     seen, sample = set(), []
     for row in ROWS:
-        if (row["swarl_split"], row["swarl_family"]) not in seen:
-            seen.add((row["swarl_split"], row["swarl_family"]))
+        key = (row["swarl_split"], row["swarl_family"], row["swarl_shape"].split("/")[0])
+        if key not in seen:
+            seen.add(key)
             sample.append(row)
     _grade(docker_client, sample)
 
