@@ -1,19 +1,20 @@
 """Supervised warm start for the demo: teach a fresh tiny model the agent's procedure on the
 generated instances (envd/tasks/generated.py), so that it inspects, edits and submits in
-well-formed actions.
+well-formed actions — the procedure, not the answers.
 
 Each demonstration is three turns: inspect (`grep -rn -A2 'def <fn>(' .`, the function the
 issue names), edit the line the inspection printed in the file that defines the function
-(`sed -i '<line>s/<bad>/<new>/' $(grep -rl 'def <fn>(' .)`), submit. The edit is one of the
-family's plausible edits — the right one and the wrong ones alike — so the warm start teaches
-how to find and change the line, not which change fixes the symptom: that is what RL learns
-from the tests' verdict. Two sources (swarl demo --sft-on):
-- `practice` (the demo's default): one demonstration (the family's edits in turn) on each of N
-  new instances drawn like the train split — the procedure without the instances RL trains on
-  or is measured on. The tiny model learns to copy the function's number from the issue and
-  the line's from the inspection (digits are single tokens), also for numbers it never saw.
-- `train`: the train split, one demonstration per plausible edit of each instance. The model
-  learns these instances' lines by heart, which carries nothing over to held-out instances.
+(`sed -i '<line>s/<old>/<new>/' $(grep -rl 'def <fn>(' .)`), submit. The edit is one of the
+primitives demonstrated for the symptom's family (its two inverse primitives, e.g. ` > ` ->
+` >= ` and ` >= ` -> ` > `), each equally often and chosen without looking at the code: which
+one the inspected line needs is what RL has to learn from the tests' verdict. Half of the
+demonstrations therefore show an edit that does not fix the bug (often one that changes
+nothing). Two sources (swarl demo --sft-on):
+- `practice` (the demo's default): one demonstration on each of N new instances drawn like the
+  train split (train combinations, no held-out path or function number); the primitive shown is
+  the instance's `demo_edit`, which the generator sets from the instance's index so that every
+  (code shape, primitive) pair occurs equally often (tests/ops/test_warmstart.py counts them).
+- `train`: the train split, one demonstration per primitive of each instance.
 Held-out instances get no demonstrations. The sequences are built with the actors' own
 token-exact conversation code, so they are exactly what the agent sees, observations included
 (the grep output is what GNU grep prints in the image; a Docker test checks it)."""
@@ -48,8 +49,9 @@ def procedure(row: dict[str, Any], fix: str, inst: Any = None) -> list[tuple[str
 def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/testbed",
                    step_limit: int = 4, every_edit: bool = False) -> list[tuple[list[int], list[int]]]:
     """(ids, loss mask) per demonstration, mask 1 on the answers. `rows`: generated train rows,
-    or (demo_row, Instance) pairs of practice instances. Per instance one demonstration, its edit the family's next plausible edit in turn (gold, wrong, wrong,
-    gold, ...); every_edit: one per plausible edit instead."""
+    or (demo_row, Instance) pairs of practice instances. Per instance one demonstration of the
+    family's primitive `swarl_demo_edit` (without it: the family's primitives in turn);
+    every_edit: one per primitive instead. Never chosen by the code's shape."""
     from actors.context import TokenConversation
     from actors.protocols import ExecOutput
 
@@ -62,9 +64,10 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
                              "(envd/tasks/generated.py), which say how to inspect them")
         if row["swarl_split"] not in ("train", "practice"):
             raise ValueError(f"{row['instance_id']}: no demonstrations on held-out instances")
-        edits = [row["swarl_fix_command"], *row["swarl_wrong_commands"]]
+        edits = list(row["swarl_edit_commands"].values())
         k = turn.get(row["swarl_family"], 0)
         turn[row["swarl_family"]] = k + 1
+        k = row.get("swarl_demo_edit", k)
         fixes = edits if every_edit else [edits[k % len(edits)]]
         variables = {"task": row["problem_statement"], "instance": row, "step_limit": step_limit, "cwd": cwd}
         system, user = templates.render("system", **variables), templates.render("instance", **variables)

@@ -1,6 +1,7 @@
 """The demo's warm start teaches the procedure on practice instances: inspect, edit the line the
-inspection printed, submit; each family's plausible edits in turn (so it cannot teach which
-one is right); never on a held-out instance; masks on the answers only."""
+inspection printed, submit; each of the family's primitives equally often and independently of
+the code's shape (so it cannot teach which one is right); never on a held-out instance; masks
+on the answers only."""
 
 from __future__ import annotations
 
@@ -27,22 +28,36 @@ def test_demonstrations_inspect_then_edit_then_submit(enc) -> None:
     insts = practice(12, seed=3)
     seqs = demonstrations([(demo_row(i), i) for i in insts], tpl, enc)
     assert len(seqs) == 12
-    edits = Counter()
     for (ids, mask), inst in zip(seqs, insts, strict=True):
         assert len(ids) == len(mask)
         answered = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
         row = demo_row(inst)
-        # in this order: the inspection, one of the plausible edits, the submit command
+        # in this order: the inspection, the instance's demonstrated primitive, the submit command
+        edit = list(row["swarl_edit_commands"].values())[inst.demo_edit]
         i, j = answered.index(row["swarl_inspect_command"]), answered.index(SUBMIT)
-        edit = next(c for c in [row["swarl_fix_command"], *row["swarl_wrong_commands"]] if c in answered)
         assert i < answered.index(edit) < j
-        edits[(inst.family.name, edit == row["swarl_fix_command"])] += 1
+        assert sum(c in answered for c in row["swarl_edit_commands"].values()) == 1
         # the grep output (path and line) is an observation: never trained on
         shown = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
         assert f"./{inst.path}:" in shown and f"./{inst.path}:" not in answered
-    # each family: its edits in turn, the right one a third of the time
+
+
+def test_the_edit_shown_is_independent_of_the_code() -> None:
+    """Contingency count over the demonstrations' (form, layout) x primitive, per family: every
+    cell equal (so the primitive tells nothing about the form, nor the form about it), each
+    primitive shown equally often, and right exactly half of the time."""
+    insts = practice(256, seed=1)
+    cells: Counter[tuple[str, str, str]] = Counter()
+    for inst in insts:
+        prim = inst.family.primitives[inst.demo_edit]
+        cells[(inst.family.name, inst.shape, prim)] += 1
     for fam in {i.family.name for i in insts}:
-        assert edits[(fam, True)] == 1 and edits[(fam, False)] == 2, edits
+        table = {k: v for k, v in cells.items() if k[0] == fam}
+        shapes, prims = {k[1] for k in table}, {k[2] for k in table}
+        assert len(shapes) == 4 and len(prims) == 2, table
+        assert set(table.values()) == {256 // 4 // 8}, table  # 4 families, 4 shapes x 2 primitives
+    right = sum(inst.form.fix == (inst.family.primitives[inst.demo_edit],) for inst in insts)
+    assert right == len(insts) // 2
 
 
 def test_no_demonstration_on_heldout_or_hand_written_rows(enc) -> None:
