@@ -122,7 +122,7 @@ class Arch:
             max_pos=int(_field(hf, "max_position_embeddings")))
 
 
-def _names(te: bool, i: int) -> dict[str, str]:
+def layer_names(te: bool, i: int) -> dict[str, str]:
     p = f"decoder.layers.{i}."
     return {
         "in_norm": p + ("self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight"),
@@ -163,7 +163,7 @@ def hf_to_megatron(hf_sd: dict[str, torch.Tensor], a: Arch, te: bool = False,
     out["embedding.word_embeddings.weight"] = _pad_vocab(emb, padded_vocab)
     for i in range(a.num_layers):
         h = f"model.layers.{i}."
-        n = _names(te, i)
+        n = layer_names(te, i)
         out[n["in_norm"]] = hf_sd[h + "input_layernorm.weight"]
         out[n["qkv"]] = fuse_qkv(hf_sd[h + "self_attn.q_proj.weight"], hf_sd[h + "self_attn.k_proj.weight"],
                                  hf_sd[h + "self_attn.v_proj.weight"], a)
@@ -187,7 +187,7 @@ def megatron_names(a: Arch, te: bool = False) -> list[str]:
     """Every Megatron tensor of the model (global layer numbering), in HF order."""
     names = ["embedding.word_embeddings.weight"]
     for i in range(a.num_layers):
-        n = _names(te, i)
+        n = layer_names(te, i)
         keys = ["in_norm", "qkv", *(["qkv_bias"] if a.qkv_bias else []), "proj",
                 *(["q_norm", "k_norm"] if a.qk_norm else []), "mlp_norm", "fc1", "fc2"]
         names += [n[k] for k in keys]
@@ -209,7 +209,7 @@ def megatron_tensor_to_hf(name: str, t: torch.Tensor, a: Arch,
         return [("model.norm.weight", t)]
     i = int(name.split(".")[2])
     h = f"model.layers.{i}."
-    role = {v: k for k, v in _names(te, i).items()}.get(name)
+    role = {v: k for k, v in layer_names(te, i).items()}.get(name)
     if role in ("qkv", "qkv_bias"):
         kind = "weight" if role == "qkv" else "bias"
         q, k, v = split_qkv(t, a)

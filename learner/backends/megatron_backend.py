@@ -28,11 +28,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from learner.backends.base import LossFn
-from learner.backends.hf_megatron_convert import Arch, hf_to_megatron
+from learner.backends.hf_megatron_convert import Arch
 from learner.backends.megatron_cpu import maybe_cpu_standins
 from learner.backends.megatron_env import check_megatron_core, use_transformer_engine
 from learner.backends.megatron_head import vocab_parallel_logprobs
-from learner.backends.megatron_weights import SHARD_BYTES, gather_hf, load_shards, save_hf_shards
+from learner.backends.megatron_weights import (
+    SHARD_BYTES,
+    HFSource,
+    gather_hf,
+    load_shards,
+    save_hf_shards,
+)
 from learner.backends.torch_backend import DTYPES
 from learner.config import LearnerConfig
 from learner.packing import MicroBatch, _padded
@@ -129,7 +135,7 @@ def padded_vocab(a: Arch, cfg: LearnerConfig, divisible_by: int = 128) -> int:
 
 def load_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of an HF directory: the shards its model.safetensors.index.json names, else
-    every *.safetensors."""
+    every *.safetensors (tests and tools; the backend reads its own slices, HFSource)."""
     from inference.weights import read_safetensors_dir
 
     return read_safetensors_dir(model_dir)
@@ -163,14 +169,14 @@ class MegatronBackend:
         init_parallel(cfg)
         with maybe_cpu_standins():
             self.model = build_gpt(self.arch, cfg, self.cpu, self.te)
-            self._load_into(self.model, load_hf_state(model_dir))
+            self._load_into(self.model, model_dir)
             # dropout is 0 (transformer_config), so the mode changes no number: train mode
             # is what turns megatron-core's activation recompute on (_train_mode)
             self.model.eval()
             self.ref = None
             if cfg.kl_coef and ref_model_dir:
                 self.ref = build_gpt(self.arch, cfg, self.cpu, self.te)
-                self._load_into(self.ref, load_hf_state(ref_model_dir))
+                self._load_into(self.ref, ref_model_dir)
                 self.ref.requires_grad_(False).eval().to(DTYPES[cfg.dtype])
             self._init_training(ddp_bucket_size)
 
@@ -391,14 +397,15 @@ class MegatronBackend:
             return self._head(out, pmb, False)[0]
 
     # -- weights in HF naming --------------------------------------------------------------
-    def _load_into(self, model: Any, hf_sd: dict[str, torch.Tensor]) -> None:
-        """Every rank cuts its shards of its pipeline stage from the full HF tensors."""
-        mg = hf_to_megatron(hf_sd, self.arch, te=self.te, padded_vocab=padded_vocab(self.arch, self.cfg))
-        load_shards(model, mg, self.arch)
+    def _load_into(self, model: Any, hf: str | Path | dict[str, torch.Tensor]) -> None:
+        """Every rank reads its shards of its pipeline stage from an HF directory (only those
+        slices, megatron_weights.HFSource) or from HF tensors in memory."""
+        load_shards(model, HFSource(hf), self.arch, self.te, padded_vocab(self.arch, self.cfg))
 
-    def load_hf(self, hf_sd: dict[str, torch.Tensor]) -> None:
+    def load_hf(self, hf: str | Path | dict[str, torch.Tensor]) -> None:
+        """The policy's weights from an HF directory or HF tensors (each rank takes its shards)."""
         with maybe_cpu_standins():
-            self._load_into(self.model, hf_sd)
+            self._load_into(self.model, hf)
             self.opt.reload_model_params()  # fp32 main copies (bf16 training) follow the weights
 
     def publish_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -467,7 +474,7 @@ class MegatronBackend:
         if state["layout"] != self._layout():
             raise ValueError(f"{f}: written by ranks laid out as {state['layout']}, this learner runs "
                              f"{self._layout()}; the optimizer state does not reshard")
-        self.load_hf(load_hf_state(path / "model"))
+        self.load_hf(path / "model")
         # no_grad: with fp32 weights the distributed optimizer's shards are views of them
         with torch.no_grad(), maybe_cpu_standins():
             if self.cfg.use_distributed_optimizer:

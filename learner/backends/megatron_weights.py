@@ -1,8 +1,10 @@
 """A Megatron GPTModel's weights in HF naming, across its ranks: every rank loads its own
-tensor-parallel shard of its own pipeline stage from full HF tensors, and publishing brings the
-model to global rank 0 one Megatron tensor at a time (tensor-parallel shards gathered on the
-stage that holds the tensor, then sent from that stage to rank 0), never the whole model at once;
-checkpoints are written from that stream in bounded shards (`save_hf_shards`).
+tensor-parallel shard of its own pipeline stage, reading only those rows or columns of the HF
+checkpoint (`HFSource`: safetensors get_slice; a fused qkv or fc1 shard is built from the slices
+of q/k/v or gate/up it needs), and publishing brings the model to global rank 0 one Megatron
+tensor at a time (tensor-parallel shards gathered on the stage that holds the tensor, then sent
+from that stage to rank 0), never the whole model at once; checkpoints are written from that
+stream in bounded shards (`save_hf_shards`).
 
 Global Megatron names (hf_megatron_convert.megatron_names) number layers over the whole model;
 a pipeline stage's module numbers its own layers from 0 (`offset` is its first global layer).
@@ -10,8 +12,9 @@ a pipeline stage's module numbers its own layers from 0 (`offset` is its first g
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,16 @@ import torch.distributed as dist
 
 from learner.backends.hf_megatron_convert import (
     Arch,
+    fuse_qkv,
+    layer_names,
     megatron_names,
     megatron_tensor_to_hf,
-    shard_tp,
     unshard_tp,
 )
 
 _LAYERS = "decoder.layers."
+SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
+INDEX = "model.safetensors.index.json"
 TP_SHARDED = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight",
               "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 
@@ -54,27 +60,131 @@ def stage_of(global_name: str, a: Arch, pp: int) -> int:
     return pp - 1  # final norm, output layer
 
 
-def load_shards(model: Any, mg: dict[str, torch.Tensor], a: Arch) -> None:
-    """Copy this rank's tensor-parallel shards of its stage's tensors from the full Megatron
-    tensors `mg` (global names). A tied model's last stage keeps its own copy of the embedding
-    as output layer (Megatron keeps the two equal by reducing their gradients together)."""
+class HFSource:
+    """An HF checkpoint's tensors, read a slice at a time: a directory of safetensors (each read
+    opens the file that holds the tensor, takes the rows or columns asked for with
+    safe_open(...).get_slice and closes it, so neither the file's other tensors nor the rest of
+    this one are read or stay mapped), or tensors already in memory."""
+
+    def __init__(self, src: str | Path | Mapping[str, torch.Tensor]) -> None:
+        self.mem: Mapping[str, torch.Tensor] | None = None
+        self.where: dict[str, Path] = {}
+        if isinstance(src, Mapping):
+            self.mem = src
+            return
+        from safetensors import safe_open
+
+        d = Path(src)
+        index = d / INDEX
+        if index.exists():
+            self.where = {n: d / f for n, f in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            for f in sorted(d.glob("*.safetensors")):
+                with safe_open(str(f), "pt") as h:
+                    self.where.update(dict.fromkeys(h.keys(), f))
+        if not self.where:
+            raise ValueError(f"{d}: no safetensors weights (model.safetensors or {INDEX})")
+
+    def read(self, name: str, dim: int = 0, start: int | None = None, stop: int | None = None) -> torch.Tensor:
+        """Tensor `name`, or its [start, stop) range along `dim` (0 or 1)."""
+        if self.mem is not None:
+            if name not in self.mem:
+                raise KeyError(f"HF tensor {name!r} missing")
+            t = self.mem[name]
+            return t if start is None or stop is None else t.narrow(dim, start, stop - start)
+        from safetensors import safe_open
+
+        if name not in self.where:
+            raise KeyError(f"HF tensor {name!r} missing from the checkpoint")
+        with safe_open(str(self.where[name]), "pt") as h:
+            sl = h.get_slice(name)
+            if start is None:
+                return sl[:]
+            return sl[start:stop] if dim == 0 else sl[:, start:stop]
+
+
+def _range(n: int, rank: int, size: int, what: str) -> tuple[int, int]:
+    if n % size:
+        raise ValueError(f"{what} ({n}) is not divisible by learner.tensor_parallel={size}")
+    per = n // size
+    return rank * per, (rank + 1) * per
+
+
+def read_tp_shard(src: HFSource, name: str, a: Arch, te: bool, rank: int, size: int,
+                  padded_vocab: int) -> torch.Tensor:
+    """This tensor-parallel rank's shard of Megatron tensor `name` (global numbering), read from
+    the HF checkpoint's slices; the same tensor as shard_tp(name, full, rank, size) of the full
+    converted one (hf_megatron_convert), never building that."""
+    if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        hf = "model.embed_tokens.weight" if name.startswith("embedding") or a.tied else "lm_head.weight"
+        lo, hi = _range(padded_vocab, rank, size, "the padded vocabulary")
+        real = src.read(hf, 0, lo, min(hi, a.vocab)) if lo < a.vocab else None
+        if real is not None and real.shape[0] == hi - lo:
+            return real
+        cols = a.hidden if real is None else real.shape[1]
+        pad = torch.zeros(hi - lo - (0 if real is None else real.shape[0]), cols,
+                          dtype=torch.float32 if real is None else real.dtype)
+        return pad if real is None else torch.cat([real, pad], 0)
+    if name == "decoder.final_layernorm.weight":
+        return src.read("model.norm.weight")
+    i = int(name.split(".")[2])
+    h = f"model.layers.{i}."
+    role = {v: k for k, v in layer_names(te, i).items()}.get(name)
+    if role in ("qkv", "qkv_bias"):
+        kind = "weight" if role == "qkv" else "bias"
+        g0, g1 = _range(a.groups, rank, size, "num_key_value_heads")
+        per, d = a.heads // a.groups, a.head_dim
+        q = src.read(f"{h}self_attn.q_proj.{kind}", 0, g0 * per * d, g1 * per * d)
+        k = src.read(f"{h}self_attn.k_proj.{kind}", 0, g0 * d, g1 * d)
+        v = src.read(f"{h}self_attn.v_proj.{kind}", 0, g0 * d, g1 * d)
+        return fuse_qkv(q, k, v, dataclasses.replace(a, heads=(g1 - g0) * per, groups=g1 - g0))
+    if role == "fc1":  # column-parallel, gate and up each cut
+        lo, hi = _range(a.ffn, rank, size, "intermediate_size")
+        return torch.cat([src.read(h + "mlp.gate_proj.weight", 0, lo, hi),
+                          src.read(h + "mlp.up_proj.weight", 0, lo, hi)], 0)
+    if role == "proj":  # row-parallel
+        lo, hi = _range(a.heads * a.head_dim, rank, size, "num_attention_heads x head_dim")
+        return src.read(h + "self_attn.o_proj.weight", 1, lo, hi)
+    if role == "fc2":
+        lo, hi = _range(a.ffn, rank, size, "intermediate_size")
+        return src.read(h + "mlp.down_proj.weight", 1, lo, hi)
+    single = {"in_norm": "input_layernorm.weight", "q_norm": "self_attn.q_norm.weight",
+              "k_norm": "self_attn.k_norm.weight", "mlp_norm": "post_attention_layernorm.weight"}
+    if role not in single:
+        raise KeyError(f"{name}: not a Megatron tensor of a {a.model_type} model")
+    return src.read(h + single[role])
+
+
+def load_shards(model: Any, src: HFSource, a: Arch, te: bool, padded_vocab: int) -> None:
+    """Copy this rank's tensor-parallel shards of its stage's tensors into `model`, one tensor
+    at a time, each read from the checkpoint's slices (`read_tp_shard`): a rank reads about its
+    own share of the checkpoint and holds one shard beside the model. A tied model's last stage
+    keeps its own copy of the embedding as output layer (Megatron keeps the two equal by
+    reducing their gradients together)."""
     from megatron.core import parallel_state as ps
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-    own = model.state_dict()
+    own = model.state_dict(keep_vars=True)
     off = layer_offset(model)
-    sd = {}
-    for name, t in mg.items():
-        local = local_name(name, off)
-        if local in own:
-            sd[local] = shard_tp(name, t, rank, size).to(own[local].dtype)
+    names = megatron_names(a, te)
     if a.tied and "output_layer.weight" in own and "embedding.word_embeddings.weight" not in own:
-        sd["output_layer.weight"] = shard_tp("output_layer.weight", mg["embedding.word_embeddings.weight"],
-                                             rank, size).to(own["output_layer.weight"].dtype)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [m for m in missing if not m.endswith("_extra_state")]
-    if missing or unexpected:
-        raise ValueError(f"HF -> megatron: missing {missing}, unexpected {unexpected}")
+        names.append("output_layer.weight")
+    done = set()
+    with torch.no_grad():
+        for name in names:
+            local = local_name(name, off)
+            if local not in own:
+                continue
+            t = read_tp_shard(src, name, a, te, rank, size, padded_vocab)
+            if t.shape != own[local].shape:
+                raise ValueError(f"HF -> megatron: {name} shard {tuple(t.shape)}, the model's is "
+                                 f"{tuple(own[local].shape)}")
+            own[local].copy_(t)
+            done.add(local)
+            del t
+    missing = [k for k in own if k not in done and not k.endswith("_extra_state")]
+    if missing:
+        raise ValueError(f"HF -> megatron: missing {missing}")
 
 
 def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -125,8 +235,6 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
         del full
 
 
-SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
-INDEX = "model.safetensors.index.json"
 
 
 def save_hf_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: Path,
