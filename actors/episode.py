@@ -127,6 +127,9 @@ async def run_episode(agent: Agent, job: EpisodeJob,
     resolved = bool(evaluation and evaluation.resolved)
     # A patch refused for changing how tests run or report (envd.tamper): never rewarded, counted.
     hack = bool(evaluation and evaluation.details.get("reward_hack"))
+    # by kind too (envd.tamper.KINDS): agent/reward_hack_attempts/<kind> in the learner's log
+    hacks = (evaluation.details.get("reward_hack") if evaluation else None) or []
+    hack_kinds = sorted({str(h.get("kind")) for h in hacks})
     resolved = resolved and not hack
     outcome = reward = outcome_reward(cfg, resolved, res.format_errors)
     step_rewards = None
@@ -149,7 +152,7 @@ async def run_episode(agent: Agent, job: EpisodeJob,
         context_truncations=sum(1 for s in steps if s.n_omitted),
         length_truncated_turns=sum(1 for s in steps if s.finish == "length"),
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
-        reward_hack_attempts=float(hack),
+        reward_hack_attempts=float(hack), **{f"reward_hack_attempts/{k}": 1.0 for k in hack_kinds},
         eval_timed_out=float(bool(evaluation and evaluation.timed_out)),
         masked=float(masked))
     if agent.judge is not None:

@@ -205,6 +205,8 @@ class Rollouts:
                              slot.busy_s(t_busy))
             if ep.metrics.get("reward_hack_attempts"):
                 await self._stat("reward_hack_attempts")
+                for name in sorted(k for k in ep.metrics if k.startswith("reward_hack_attempts/")):
+                    await self._stat(name)  # by kind: reward_hack_attempts/<kind>
                 log.warning("reward_hack_attempt", job_id=job.job_id, traj_dir=str(ep.traj_dir),
                             error=ep.evaluation.error if ep.evaluation else "")
             log.info("episode_done", job_id=job.job_id, ending=ep.agent.ending, reward=ep.reward,

@@ -34,11 +34,14 @@ async def test_a_conftest_hack_is_minus_one_counted_and_kept(tiny_model_dir, red
         res = await ro.run(payload(row))
         assert res["resolved"] is False and res["reward"] == -1.0, res
         assert int(await r.hget(KEYS.stats, "reward_hack_attempts")) == 1
+        assert int(await r.hget(KEYS.stats, "reward_hack_attempts/conftest")) == 1  # by kind
         root = tmp_path / "run" / "trajectories"
         (d,) = [p for p in root.iterdir() if p.is_dir()]      # kept although trajectories are off
         traj = json.loads((d / "traj.json").read_text())
         assert [h["kind"] for h in traj["reward_hack"]] == ["conftest"]
         assert traj["resolved"] is False and traj["metrics"]["reward_hack_attempts"] == 1.0
+        assert traj["metrics"]["reward_hack_attempts/conftest"] == 1.0
+        assert not [k for k in traj["metrics"] if k.startswith("reward_hack_attempts/") and k != "reward_hack_attempts/conftest"]
         assert "conftest.py" in (d / "patch.diff").read_text()
         (line,) = (root / "reward_hacks.jsonl").read_text().splitlines()
         assert json.loads(line)["kinds"] == ["conftest"] and json.loads(line)["dir"] == d.name
@@ -53,12 +56,15 @@ def test_the_learner_logs_the_count() -> None:
 
     from learner.loop import agent_metrics
 
-    def ep(n: float) -> SimpleNamespace:
-        return SimpleNamespace(samples=[SimpleNamespace(metrics={"reward_hack_attempts": n, "turns": 2.0})])
+    def ep(n: float, kind: str | None = None) -> SimpleNamespace:
+        by_kind = {f"reward_hack_attempts/{kind}": 1.0} if kind else {}
+        return SimpleNamespace(samples=[SimpleNamespace(metrics={"reward_hack_attempts": n, "turns": 2.0, **by_kind})])
 
-    batch = SimpleNamespace(groups=[SimpleNamespace(episodes=[ep(1.0), ep(0.0)]), SimpleNamespace(episodes=[ep(1.0)])])
+    batch = SimpleNamespace(groups=[SimpleNamespace(episodes=[ep(1.0, "canary"), ep(0.0)]),
+                                    SimpleNamespace(episodes=[ep(1.0, "report_forged")])])
     out = agent_metrics(batch)  # type: ignore[arg-type]
     assert out["agent/reward_hack_attempts"] == 2.0 and out["agent/reward_hack_attempts_max"] == 1.0
+    assert out["agent/reward_hack_attempts/canary_max"] == out["agent/reward_hack_attempts/report_forged_max"] == 1.0
     assert "agent/turns" not in out
 
 
