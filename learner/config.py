@@ -84,6 +84,9 @@ class LearnerConfig(Section):
         "token", description="token: mean over all loss tokens of the batch; sequence: mean over "
         "samples of each sample's token mean.")
     advantage_std_norm: bool = Field(False, description="GRPO: divide (reward - group mean) by group std.")
+    reward_shuffle: bool = Field(
+        False, description="Control run only: permute the episodes' rewards across each batch "
+        "before the advantages (rewards unrelated to the episodes; the demo's shuffled-reward control).")
     kl_coef: float = Field(0.0, description="KL(pi || pi_ref) penalty (k3 estimator); 0 = off and "
                            "no reference model is loaded.")
     entropy_coef: float = Field(0.0, description="Entropy bonus (entropy is always reported).")

@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from learner.advantages import grpo_steps
+from learner.advantages import grpo_steps, shuffle_episode_rewards
 from learner.assembly import Batch
 from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
@@ -22,9 +22,12 @@ def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict
     rewards: list[float] = []
     advs: list[float] = []
     resolved: list[float] = []
-    for g in batch.groups:
-        # each sample's own reward: equal within an episode, unless the actors gave steps theirs
-        step_rewards = [[s.reward for s in ep.samples] for ep in g.episodes]
+    # each sample's own reward: equal within an episode, unless the actors gave steps theirs
+    batch_rewards = [[[s.reward for s in ep.samples] for ep in g.episodes] for g in batch.groups]
+    if cfg.reward_shuffle:  # the control: rewards permuted across the batch
+        batch_rewards = shuffle_episode_rewards(
+            batch_rewards, ",".join(ep.first.sample_id for g in batch.groups for ep in g.episodes))
+    for g, step_rewards in zip(batch.groups, batch_rewards, strict=True):
         step_adv = grpo_steps(step_rewards, cfg.advantage_std_norm)
         rewards += [float(np.mean(r)) for r in step_rewards]
         for ep, ep_adv in zip(g.episodes, step_adv, strict=True):
