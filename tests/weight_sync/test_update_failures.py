@@ -171,6 +171,7 @@ async def _running(url: str) -> bool:
     return (await _stats(url))["num_running"] > 0
 
 
+@pytest.mark.slow
 async def test_a_group_left_by_a_killed_learner_does_not_stop_the_next(ws_cfg, aredis, keys, start_servers,
                                                                        publisher_factory, tiny_model_dir,
                                                                        redis_url):
