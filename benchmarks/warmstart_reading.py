@@ -1,12 +1,14 @@
 """Can the warm-started tiny model read? Warm-start it (swarl.warmstart) and sample its first two
 turns on each split of the generated suite: is the inspection command right (the function's
 name typed from the issue), and, shown the right inspection's output, which edit does it type
-(the gold fix, a plausible wrong one, anything else)? No Docker, no servers: HF generate on CPU.
+(the gold fix, the family's other primitive, anything else)? And per code form: how often it
+types each of the family's primitives — before RL this should not depend on the form (the
+warm start never conditions its edit on the code), so gold is about half of the well-typed
+edits. No Docker, no servers: HF generate on CPU.
 
-    .venv/bin/python benchmarks/warmstart_reading.py --on practice --demos 4000 --epochs 1
-    .venv/bin/python benchmarks/warmstart_reading.py --on train --epochs 12
+    .venv/bin/python benchmarks/warmstart_reading.py --on practice --demos 9600 --epochs 1
 
-Figures for each configuration tried are in docs/demo.md; the last line is one JSON object.
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def main() -> int:
     result: dict[str, object] = {"on": a.on, "demos": len(seqs), "epochs": a.epochs,
                                  "warm_start_s": round(time.monotonic() - t0)}
     shown_other: dict[str, int] = {}
+    per_form: dict[str, dict[str, int]] = {}  # family:form -> primitive typed -> count
     for split in ("train", "heldout", "heldout_family"):
         c = {"inspect": 0, "gold": 0, "wrong": 0, "other": 0}
         split_rows = load_tasks(split, suite="generated")
@@ -89,15 +92,20 @@ def main() -> int:
             conv.add_answer(ids, [0.0] * len(ids), stopped=True)
             shown = inspect_output(get_instance(row["instance_id"]))
             conv.add_observation(tpl.render("observation", output=ExecOutput(0, shown)))
+            form = f"{row['swarl_family']}:{row['swarl_shape'].split('/')[0]}"
             for t in sample(conv.full_ids() + enc.gen_prompt):
                 k = "gold" if t == row["swarl_fix_command"] else "wrong" if t in row["swarl_wrong_commands"] else "other"
                 c[k] += 1
+                typed = next((p for p, cmd in row["swarl_edit_commands"].items() if cmd == t), "other")
+                per_form.setdefault(form, {}).setdefault(typed, 0)
+                per_form[form][typed] += 1
                 if k == "other" and shown_other.get(split, 0) < 6:
                     shown_other[split] = shown_other.get(split, 0) + 1
                     print("  want", row["swarl_fix_command"], "\n  got ", t, flush=True)
         n = len(split_rows) * a.samples
         result[split] = {k: round(v / n, 3) for k, v in c.items()}
         print(split, result[split], flush=True)
+    result["primitive_typed_per_form"] = per_form
     print(json.dumps(result))
     return 0
 

@@ -5,19 +5,22 @@ inference servers, actors, learner), started here with its log under <run_dir>/l
   1. private Redis (AOF) and Docker (the engine that answers, else a private dockerd)
   2. the bundled task images, built locally from Debian packages (cached)
   3. the tiny model, warm-started on demonstrations of the procedure (inspect, edit, submit)
-     on the generated train instances (cached per seed)
+     on practice instances, the edit chosen without looking at the code (cached per seed)
   4. envd, pool, N CPU inference servers (registered in Redis)
-  5. resolve rate before training: train, held-out repositories, held-out bug families
-     (with --prm, a PRM judge server too: the tiny base model, role prm)
+  5. resolve rate before training: train, held-out combinations, the held-out two-edit family,
+     and the hand-written suite (with --prm, a PRM judge server too: the tiny base model)
   6. learner (+ weight sync) and K actors; train tasks enqueued; train for the time budget
      with a live progress view. Every process is supervised as its systemd unit would be
      (Restart=on-failure with backoff and a start limit; the learner continues with --resume),
      the private Redis too (restarted from its AOF); restarts show in the view, and only a
      process that keeps failing ends the demo
-  7. resolve rate after training, on the newest policy; the control (the policy that did not
-     learn, lr 0: the warm start's weights) evaluated again; changes with 95% intervals
-     (paired bootstrap over tasks, swarl/learning_stats.py), the outcome breakdown per split;
+  7. resolve rate after training, on the newest policy; the SFT control (the warm start's
+     training continued on its own data for as many steps as the learner took) evaluated too;
+     changes with 95% intervals (paired cluster bootstrap over families and tasks,
+     swarl/learning_stats.py), per family and code shape, the outcome breakdown per split;
      learning.json, plots; one JSON line
+The shuffled-reward control is the same run with learner.reward_shuffle (--arm shuffled);
+--seeds runs both arms per seed (run_seeds).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ STATUS_STALE_S = 5.0  # a status read slower than this (Redis away) shows as suc
 
 SUITE = "generated"  # envd/tasks/generated.py: instances that must be read
 EVAL_SPLITS = ("train", "heldout", "heldout_family")
+HANDWRITTEN = "handwritten"  # the bundled hand-written suite (envd/tasks/tasks.jsonl), evaluated as is
+ARMS = ("rl", "shuffled")  # shuffled: learner.reward_shuffle, the shuffled-reward control
 # practice instances the warm start demonstrates on (envd.tasks.generated.practice): 1,200 steps of
 # 8, about 3.5 min on 2 cores; the loss reaches its floor (the choice among a family's edits) by ~1,000
 PRACTICE = 9600
@@ -77,7 +82,10 @@ class DemoOptions:
     warm_seed: int | None = None  # the warm start's seed (model init and SFT); None: `seed`
     sft_on: str = "practice"  # practice: PRACTICE new instances; train: the train split, every plausible edit
     sft_demos: int = PRACTICE  # with sft_on=practice: instances demonstrated (one demonstration each)
-    control: bool = True   # evaluate the policy that did not learn (lr 0) again after training
+    arm: str = "rl"        # rl | shuffled (the control: rewards permuted across each batch)
+    sft_control: bool = True  # rl arm: continue the warm start's SFT for the learner's steps, evaluate it
+    handwritten: bool = True  # also evaluate the hand-written suite before and after
+    recheck: bool = False  # evaluate the warm start again after training: must equal "before" (determinism)
     run_dir: str | None = None
     config: str | None = None
     sets: tuple[str, ...] = ()
@@ -107,8 +115,11 @@ class Demo:
         return self.config().keys
 
     def config(self, **extra: Any) -> SwarlConfig:
+        if self.o.arm not in ARMS:
+            raise ConfigError(f"arm: one of {', '.join(ARMS)}, got {self.o.arm!r}")
         base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}",
-                *(["actor.prm.enable=true"] if self.o.prm else []), *self.o.sets]
+                *(["actor.prm.enable=true"] if self.o.prm else []),
+                *(["learner.reward_shuffle=true"] if self.o.arm == "shuffled" else []), *self.o.sets]
         base += [f"{k}={v}" for k, v in extra.items()]
         return load_config(self.o.config or CONFIG_DIR / "demo.yaml", base, environ={})
 
@@ -127,7 +138,7 @@ class Demo:
         self.say(f"Docker engine at {url}; building the bundled task images (cached)")
         client = docker.DockerClient(base_url=url, timeout=300)
         try:
-            rows = self.train_rows() + [r for split in EVAL_SPLITS for r in self.eval_rows(split)]
+            rows = self.train_rows() + [r for split in self.splits() for r in self.eval_rows(split)]
             rows = list({r["instance_id"]: r for r in rows}.values())
             build_task_images(client, rows, progress=True, on_image=self._image_progress(len(rows)))
         finally:
@@ -141,7 +152,12 @@ class Demo:
     def eval_rows(self, split: str) -> list[dict[str, Any]]:
         from envd.tasks import load_tasks
 
+        if split == HANDWRITTEN:
+            return per_family(load_tasks("all", suite="bundled"), self.o.eval_per_family)
         return per_family(load_tasks(split, suite=SUITE), self.o.eval_per_family)
+
+    def splits(self) -> tuple[str, ...]:
+        return (*EVAL_SPLITS, *((HANDWRITTEN,) if self.o.handwritten else ()))
 
     def _image_progress(self, total: int) -> Any:
         """A line per tenth of the images when stderr is not a terminal (rich draws nothing there)."""
@@ -177,6 +193,7 @@ class Demo:
         seqs = demonstrations(train, templates, ChatEncoder(AutoTokenizer.from_pretrained(base)),
                               cwd=cfg.actor.cwd, step_limit=cfg.actor.step_limit,
                               every_edit=self.o.sft_on == "train")
+        self.warm_seqs = seqs  # the SFT control continues on them
         h = hashlib.sha256(json.dumps([seqs, self.o.sft_epochs, self.o.sft_lr, ws]).encode()).hexdigest()[:16]
         cached = CACHE / "warmstart" / h
         out = self.run_dir / "model" / "warm"
@@ -264,7 +281,7 @@ class Demo:
         cfg = self.config()
         target = EvalTarget(server_url, self.tokens["inference"], pool_url, self.tokens["envd"])
         out: dict[str, list[dict[str, Any]]] = {}
-        for split in EVAL_SPLITS:
+        for split in self.splits():
             rows = self.eval_rows(split)
             total, got = len(rows) * self.o.eval_samples, list[dict[str, Any]]()
             t0 = time.monotonic()
@@ -492,14 +509,17 @@ class Demo:
         url, version = await self.newest_server(redis_url)
         self.say(f"evaluating policy version {version} on {url}")
         after = await self.evaluate(svc["pool_url"], url, "after")
-        control = None
-        if self.o.control:
-            # The control is the same run with lr 0: its policy never changes, so its "after"
-            # is the warm start's weights evaluated again, on a server still at version 0.
-            ctrl_url = await self.base_server(redis_url)
-            self.say(f"control (lr 0, the policy that did not learn) on {ctrl_url}")
-            control = await self.evaluate(svc["pool_url"], ctrl_url, "control")
         rows = self.metrics()
+        controls: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        if self.o.sft_control and self.o.arm == "rl":
+            sft_dir = await asyncio.to_thread(self.sft_control, len(rows))
+            ctrl_url = await self.load_server(sft_dir)
+            self.say(f"SFT control ({len(rows)} more supervised steps on the warm start's data) on {ctrl_url}")
+            controls["sft"] = await self.evaluate(svc["pool_url"], ctrl_url, "sft")
+        recheck = None
+        if self.o.recheck:  # determinism: the warm start's weights again, with the same draws
+            ctrl_url = await self.load_server(self.run_dir / "model" / "warm")
+            recheck = await self.evaluate(svc["pool_url"], ctrl_url, "recheck")
         try:
             from learner.plot import plot_run
 
@@ -507,29 +527,54 @@ class Demo:
             self.say(f"plots: {', '.join(str(p) for p in plots)}")
         except Exception as e:  # plotting must not lose the result
             log.warning("plot_failed", error=str(e))
-        learning = learning_report(before, after, control, seed=self.o.seed)
+        learning = learning_report(before, after, controls, seed=self.o.seed,
+                                   groups=task_groups([r for sp in self.splits() for r in self.eval_rows(sp)]))
+        learning["arm"] = self.o.arm
+        if recheck is not None:
+            learning["recheck_identical"] = {sp: _outcomes(before[sp]) == _outcomes(recheck[sp]) for sp in before}
         (self.run_dir / "learning.json").write_text(json.dumps(learning, indent=1) + "\n")
         self.say(learning_lines(learning))
         return {**flat_result(learning),
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
-                "minutes": self.o.minutes, "prm": self.o.prm, "run_dir": str(self.run_dir),
+                "minutes": self.o.minutes, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
+                **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),
                 "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
                 | ({"redis": self.redis_restarts} if self.redis_restarts else {})}
 
-    async def base_server(self, redis_url: str) -> str:
-        """A server holding the warm start's weights (version 0): one is brought back from the
-        warm start on disk when rolling updates moved them all."""
+    async def load_server(self, model_dir: Path) -> str:
+        """A server (training is over) loaded with the weights in `model_dir` (the warm start, or
+        the SFT control's); registered as version 0, which no one reads any more."""
         from inference.client import SGLangClient
 
         url = self.server_urls[-1]
         client = SGLangClient(url, api_key=self.tokens["inference"])
         try:
-            await client.update_weights_from_disk(str(self.run_dir / "model" / "warm"), weight_version="0")
+            await client.update_weights_from_disk(str(model_dir), weight_version="0")
         finally:
             await client.aclose()
         return url
+
+    def sft_control(self, steps: int) -> Path:
+        """The SFT control: the warm start's supervised training continued on its own
+        demonstrations, from the warm weights, for as many optimizer steps as the learner took,
+        with the learner's batch size (admission.batch_size) and learning rate — the same
+        number of updates of the same size, on the procedure's data instead of rewards."""
+        import torch
+
+        from swarl.warmstart import sft
+
+        cfg = self.config()
+        if steps == 0:
+            return self.run_dir / "model" / "warm"
+        torch.set_num_threads(2)
+        out = self.run_dir / "model" / "sft-control"
+        ws = self.o.seed if self.o.warm_seed is None else self.o.warm_seed
+        sft(self.run_dir / "model" / "warm", out, self.warm_seqs, epochs=1 + steps * cfg.admission.batch_size
+            // max(1, len(self.warm_seqs)), lr=cfg.learner.lr, batch_size=cfg.admission.batch_size,
+            seed=ws + 1000 + self.o.seed, max_steps=max(1, steps), warmup=cfg.learner.warmup_steps, decay=False)
+        return out
 
     def close(self) -> None:
         self.procs.stop_all(30)
@@ -550,53 +595,68 @@ def per_family(rows: list[dict[str, Any]], n: int | None) -> list[dict[str, Any]
     return out
 
 
-def learning_report(before: dict[str, list[dict[str, Any]]], after: dict[str, list[dict[str, Any]]],
-                    control: dict[str, list[dict[str, Any]]] | None, seed: int = 0) -> dict[str, Any]:
-    """Per split: rates before/after (and the control's after) with 95% intervals over tasks,
-    the changes with paired intervals, whether the change's lower bound clears the control's
-    change, and the outcome breakdowns."""
-    from swarl.learning_stats import breakdown, change, rate
+def task_groups(rows: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """task -> family and task -> code shape (family/form/layout; the hand-written suite has
+    no shape: "-"), for the per-family and per-shape rows and the cluster bootstrap."""
+    return {"family": {r["instance_id"]: r.get("swarl_family", "?") for r in rows},
+            "shape": {r["instance_id"]: f"{r.get('swarl_family', '?')}:{r.get('swarl_shape', '-')}" for r in rows}}
 
+
+def _outcomes(results: list[dict[str, Any]]) -> list[tuple[str, int, bool]]:
+    return sorted((r["instance_id"], int(r.get("sample", 0)), bool(r.get("resolved"))) for r in results)
+
+
+def learning_report(before: dict[str, list[dict[str, Any]]], after: dict[str, list[dict[str, Any]]],
+                    controls: dict[str, dict[str, list[dict[str, Any]]]] | None = None, seed: int = 0,
+                    groups: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """Per split: rates before/after with 95% intervals (cluster bootstrap: families, then
+    tasks), the change with its paired interval, per family and per code shape, each control's
+    after and change (`controls`: name -> split -> episodes; "sft" in a demo run), and the
+    outcome breakdowns."""
+    from swarl.learning_stats import breakdown, by_group, change, rate
+
+    fam = (groups or {}).get("family")
+    shape = (groups or {}).get("shape", {})
     out: dict[str, Any] = {"seed": seed, "splits": {}}
     for split in before:
+        b, a = before[split], after[split]
         d: dict[str, Any] = {
-            "before": rate(before[split], seed), "after": rate(after[split], seed),
-            "change": change(before[split], after[split], seed),
-            "outcomes": {"before": breakdown(before[split]), "after": breakdown(after[split])}}
-        if control is not None:
-            d["control_after"] = rate(control[split], seed)
-            d["control_change"] = change(before[split], control[split], seed)
-            d["outcomes"]["control_after"] = breakdown(control[split])
-            d["beats_control"] = d["change"]["ci"][0] > d["control_change"]["change"]
+            "before": rate(b, seed, clusters=fam), "after": rate(a, seed, clusters=fam),
+            "change": change(b, a, seed, clusters=fam),
+            "per_family": by_group(b, a, fam or {}), "per_shape": by_group(b, a, shape),
+            "outcomes": {"before": breakdown(b), "after": breakdown(a)}, "controls": {}}
+        for name, ctrl in (controls or {}).items():
+            d["controls"][name] = {"after": rate(ctrl[split], seed, clusters=fam),
+                                   "change": change(b, ctrl[split], seed, clusters=fam),
+                                   "per_family": by_group(b, ctrl[split], fam or {}),
+                                   "outcomes": breakdown(ctrl[split])}
         out["splits"][split] = d
     return out
 
 
 def flat_result(learning: dict[str, Any]) -> dict[str, Any]:
-    """The JSON line's fields: `<split>_before` / `_after` (the held-out repositories are
-    `heldout`), and per split the change's interval, the control's change and its verdict."""
+    """The JSON line's fields: `<split>_before` / `_after` (`heldout`: the held-out
+    combinations), and per split the change's interval and each control's change."""
     out: dict[str, Any] = {}
     for split, d in learning["splits"].items():
         out[f"{split}_before"] = d["before"]["rate"]
         out[f"{split}_after"] = d["after"]["rate"]
         out[f"{split}_change"] = d["change"]["change"]
         out[f"{split}_change_ci"] = d["change"]["ci"]
-        if "control_change" in d:
-            out[f"{split}_control_change"] = d["control_change"]["change"]
-            out[f"{split}_control_change_ci"] = d["control_change"]["ci"]
-            out[f"{split}_beats_control"] = d["beats_control"]
+        for name, c in d.get("controls", {}).items():
+            out[f"{split}_{name}_change"] = c["change"]["change"]
+            out[f"{split}_{name}_change_ci"] = c["change"]["ci"]
     return out
 
 
 def learning_lines(learning: dict[str, Any]) -> str:
-    lines = ["resolve rates (95% intervals, bootstrap over tasks):"]
+    lines = [f"resolve rates, arm {learning.get('arm', 'rl')} (95% intervals, cluster bootstrap over families and tasks):"]
     for split, d in learning["splits"].items():
         ch = d["change"]
         line = (f"  {split:15s} {d['before']['rate']:.3f} -> {d['after']['rate']:.3f}  change {ch['change']:+.3f} "
                 f"[{ch['ci'][0]:+.3f}, {ch['ci'][1]:+.3f}]")
-        if "control_change" in d:
-            line += (f"  control {d['control_change']['change']:+.3f}"
-                     f"  {'beats the control' if d['beats_control'] else 'does not beat the control'}")
+        for name, c in d.get("controls", {}).items():
+            line += f"  {name} control {c['change']['change']:+.3f} [{c['change']['ci'][0]:+.3f}, {c['change']['ci'][1]:+.3f}]"
         lines.append(line)
     return "\n".join(lines)
 
@@ -609,31 +669,34 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         demo.close()
 
 
-def run_seeds(opts: DemoOptions, seeds: list[int]) -> dict[str, Any]:
-    """The demo once per seed (<run_dir>/seed-<s>), then the summary across seeds:
-    <run_dir>/learning-seeds.json and learning-seeds.png (swarl.demo_report)."""
+def run_seeds(opts: DemoOptions, seeds: list[int], arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+    """Per seed, each arm (<run_dir>/seed-<s>/<arm>): the RL run (with its SFT control) and the
+    shuffled-reward run, same seed, same warm start (cached), same minutes; then the summary
+    across seeds: <run_dir>/learning-seeds.json and learning-seeds.png (swarl.demo_report)."""
     from swarl.demo_report import aggregate, plot
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(opts.run_dir or REPO_ROOT / "runs" / f"demo-seeds-{stamp}").resolve()
-    runs = []
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for seed in seeds:
-        result = run_demo(dataclasses.replace(opts, seed=seed, run_dir=str(base / f"seed-{seed}")))
-        print(json.dumps(result), flush=True)  # each seed's line as it ends
-        runs.append({**json.loads((base / f"seed-{seed}" / "learning.json").read_text()), "result": result})
-    agg = aggregate(runs)
+        for arm in arms:
+            d = base / f"seed-{seed}" / arm
+            result = run_demo(dataclasses.replace(opts, seed=seed, arm=arm, run_dir=str(d),
+                                                  sft_control=opts.sft_control and arm == "rl"))
+            print(json.dumps(result), flush=True)  # each run's line as it ends
+            runs[arm].append({**json.loads((d / "learning.json").read_text()), "result": result})
+    agg = aggregate(runs["rl"], runs.get("shuffled", []))
     (base / "learning-seeds.json").write_text(json.dumps({"aggregate": agg, "runs": runs}, indent=1) + "\n")
     plot(agg, base / "learning-seeds.png")
     out: dict[str, Any] = {"seeds": seeds, "run_dir": str(base)}
     for split, s in agg["splits"].items():
         out[f"{split}_before"] = s["before"]["mean"]
         out[f"{split}_after"] = s["after"]["mean"]
-        out[f"{split}_change"] = s["change"]["mean"]
-        out[f"{split}_change_ci"] = s["change"]["ci"]
-        out[f"{split}_rose_in_seeds"] = s["rose_in_seeds"]
-        out[f"{split}_beat_control_in_seeds"] = s["beat_control_in_seeds"]
-        if s["control_change"]:
-            out[f"{split}_control_change"] = s["control_change"]["mean"]
-    out["samples_trained"] = sum(r["result"]["samples_trained"] for r in runs) // max(1, len(runs))
+        for name in ("change", "sft_change", "shuffled_change"):
+            if s.get(name):
+                out[f"{split}_{name}"] = s[name]["mean"]
+                out[f"{split}_{name}_ci"] = s[name]["ci"]
+        out[f"{split}_change_ci_families"] = s["change_families"]["ci"]
+    out["samples_trained"] = sum(r["result"]["samples_trained"] for r in runs["rl"]) // max(1, len(runs["rl"]))
     out["goals"] = agg["goals"]
     return out

@@ -90,8 +90,11 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
 
 def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], list[int]]],
         epochs: int = 40, lr: float = 1e-3, batch_size: int = 8, seed: int = 0,
-        progress: Callable[[int, int, float], None] | None = None) -> Path:
-    """Cross-entropy on the masked tokens; AdamW; saves an HF model (+ tokenizer) to out_dir."""
+        progress: Callable[[int, int, float], None] | None = None, max_steps: int | None = None,
+        warmup: int = 10, decay: bool = True) -> Path:
+    """Cross-entropy on the masked tokens; AdamW; saves an HF model (+ tokenizer) to out_dir.
+    The learning rate warms up linearly over `warmup` steps, then decays linearly to 5% (decay)
+    or stays; `max_steps` stops early (the demo's SFT control: as many steps as RL took)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,13 +105,18 @@ def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = 0
     steps_per_epoch = (len(seqs) + batch_size - 1) // batch_size
-    total = epochs * steps_per_epoch
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / total))
+    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, warmup)) * (max(0.05, 1 - s / total) if decay else 1.0))
     step = 0
     for _ in range(epochs):
+        if step >= total:
+            break
         order = list(range(len(seqs)))
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
+            if step >= total:
+                break
             batch = [seqs[j] for j in order[i : i + batch_size]]
             width = max(len(ids) for ids, _ in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)

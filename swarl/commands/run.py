@@ -30,16 +30,23 @@ def demo(
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
     prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "
                                       "every step on its own server (role prm); actor.prm in the config.")] = False,
-    control: Annotated[bool, typer.Option("--control/--no-control", help="Evaluate the control after training: "
-                                          "the same run with lr 0, i.e. the warm start's policy again.")] = True,
-    seeds: Annotated[str | None, typer.Option("--seeds", help="Run once per seed (comma-separated, e.g. 0,1,2) "
-                                              "and end with the summary across seeds.")] = None,
+    arm: Annotated[str, typer.Option("--arm", help="rl, or shuffled: the shuffled-reward control "
+                                     "(learner.reward_shuffle: rewards permuted across each batch).")] = "rl",
+    sft_control: Annotated[bool, typer.Option("--sft-control/--no-sft-control", help="After training, continue "
+                                              "the warm start's SFT for as many steps as the learner took and "
+                                              "evaluate it (the SFT control).")] = True,
+    handwritten: Annotated[bool, typer.Option("--handwritten/--no-handwritten", help="Also evaluate the "
+                                              "hand-written suite (envd/tasks/tasks.jsonl) before and after.")] = True,
+    recheck: Annotated[bool, typer.Option("--recheck", help="Evaluate the warm start again after training "
+                                          "(determinism: must equal the first evaluation).")] = False,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Per seed (comma-separated, e.g. 0,1,2,3,4) the "
+                                              "RL run and the shuffled-reward run, then the summary across seeds.")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
     """The local CPU run: Redis, Docker, task images, tiny model, envd, pool, inference, actors,
     learner; trains for --minutes and prints resolve rates before and after with 95% intervals
-    and the control's (last line: JSON)."""
+    and the SFT control's (last line: JSON)."""
     from common.logs import setup_logging
     from swarl.config import ConfigError
     from swarl.demo import DemoOptions, run_demo, run_seeds
@@ -48,7 +55,8 @@ def demo(
     opts = DemoOptions(minutes=minutes, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
                        train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
-                       sets=tuple(sets or ()), prm=prm, control=control)
+                       sets=tuple(sets or ()), prm=prm, arm=arm,
+                       sft_control=sft_control, handwritten=handwritten, recheck=recheck)
     from common.procs import sigterm_interrupts
 
     sigterm_interrupts()  # `timeout`, systemd or CI stopping the demo stop its processes too

@@ -1,10 +1,12 @@
 """`swarl demo` with small options runs end to end (its own Redis, Docker images, warm start,
-envd, pool, a CPU server, learner and actors, resolve rates before and after) and ends with its
+envd, pool, a CPU server, learner and actors, resolve rates before and after on the generated
+splits and the hand-written suite, the SFT control, the determinism re-check) and ends with its
 JSON line."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from system_helpers import swarl
@@ -12,16 +14,18 @@ from system_helpers import swarl
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KEYS = {"train_before", "train_after", "heldout_before", "heldout_after", "samples_trained",
-        "learner_steps", "policy_version", "seed", "minutes", "run_dir",
-        # the held-out bug families, the changes with their intervals, and the control's
-        "heldout_family_before", "heldout_family_after", "train_change", "train_change_ci",
-        "heldout_change_ci", "train_control_change", "train_control_change_ci", "train_beats_control"}
+        "learner_steps", "policy_version", "seed", "minutes", "run_dir", "arm",
+        # the two-edit family, the hand-written suite, the changes with their intervals, the SFT control's
+        "heldout_family_before", "heldout_family_after", "handwritten_before", "handwritten_after",
+        "train_change", "train_change_ci", "heldout_change_ci", "train_sft_change", "train_sft_change_ci",
+        "recheck_identical"}
 
 
 def test_one_minute_demo(docker_url, tmp_path) -> None:
     run_dir = tmp_path / "demo"
     p = swarl("demo", "--minutes", "1", "--actors", "1", "--concurrency", "4", "--servers", "1",
-              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200", "--run-dir", str(run_dir),
+              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200",
+              "--recheck", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
               # an empty cache: the warm start runs (and shows its progress) whatever ran before
               env={"SWARL_CACHE": str(tmp_path / "cache")}, timeout=1100)
@@ -40,10 +44,17 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     assert lo <= result["train_change"] <= hi
     # the evidence behind the line: per split rates, intervals, control and outcome breakdowns
     learning = json.loads((run_dir / "learning.json").read_text())
-    assert set(learning["splits"]) == {"train", "heldout", "heldout_family"}
-    for d in learning["splits"].values():
-        assert d["before"]["tasks"] == d["before"]["episodes"] in (2, 4)  # one task per family
+    assert set(learning["splits"]) == {"train", "heldout", "heldout_family", "handwritten"}
+    for split, d in learning["splits"].items():
+        # one task per family: 4 train families, 1 held-out family, 8 hand-written ones
+        assert d["before"]["tasks"] == d["before"]["episodes"] == {"heldout_family": 1, "handwritten": 8}.get(split, 4)
         assert abs(sum(d["outcomes"]["after"].values()) - 1.0) < 1e-6
-        assert "control_after" in d
+        assert "sft" in d["controls"] and len(d["per_family"]) == d["before"]["tasks"]
+    shapes = learning["splits"]["heldout"]["per_shape"]
+    assert len(shapes) == 4 and all(re.fullmatch(r"\w+:\w+/(return|result)", k) for k in shapes), shapes
+    assert learning["arm"] == "rl"
+    # determinism: the warm start evaluated again with the same draws gives the same episodes
+    assert all(result["recheck_identical"].values()), result["recheck_identical"]
+    assert (run_dir / "model" / "sft-control" / "model.safetensors").exists()
     # progress was shown while warming up and evaluating (stderr is not a terminal here)
     assert "warm start step" in p.stderr and "before: train" in p.stderr, p.stderr[-3000:]
