@@ -139,13 +139,18 @@ class TorchBackend:
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        sd: dict[str, torch.Tensor] = {}
+        # a file at a time into the model: what is held beside it is one shard, not a copy of it
+        loaded: set[str] = set()
+        unexpected: list[str] = []
         for f in sorted((path / "model").glob("*.safetensors")):
-            sd.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+            sd = load_file(str(f))
+            loaded.update(sd)
+            unexpected += self.model.load_state_dict(sd, strict=False).unexpected_keys
+            del sd
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"checkpoint {path}: missing {sorted(set(missing) - tied)}, "
+        missing = set(self.model.state_dict()) - loaded - tied
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {path}: missing {sorted(missing)}, "
                              f"unexpected {sorted(unexpected)}")
         state = torch.load(path / "optim.pt", weights_only=False)
         self.opt.load_state_dict(state["optimizer"])

@@ -9,8 +9,10 @@ Measured: the bytes a publish allocates beyond what was allocated before it, at 
 torch.cuda.max_memory_allocated on GPU; on CPU torch.profiler's allocator events (every
 allocation and free of a CPU tensor, summed in order). Two consumers on rank 0: one that reads
 each tensor and drops it (streaming to a server or a file), one that keeps them all (a whole
-snapshot, which is the model's size by construction); and `save_hf`, which writes the model as
-safetensors shards of at most --shard-bytes as the tensors stream in. Rank 0 prints one JSON line
+snapshot, which is the model's size by construction); `save_hf`, which writes the model as
+safetensors shards of at most --shard-bytes as the tensors stream in; and the learner's own path,
+rank 0's Trainer.weights() with the other rank in its command loop (`follow`), measured on both
+as peak RSS (the channel pickles objects outside torch's allocator). Rank 0 prints one JSON line
 (and writes it to FILE): per rank the peaks, the model's size in HF tensors, its largest tensor
 and the shards written.
 """
@@ -55,6 +57,25 @@ def peak_bytes(fn: Callable[[], Any]) -> int:
     return peak
 
 
+def rss_peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak resident memory while `fn` runs above the resident memory before it (VmHWM, reset
+    through /proc/self/clear_refs): sees what the allocator events do not, such as the pickled
+    bytes of objects sent through torch.distributed's *_object collectives."""
+    import ctypes
+    import gc
+
+    def status(key: str) -> int:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))
+        return int(line.split()[1]) * 1024
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    start = status("VmRSS:")
+    fn()
+    return status("VmHWM:") - start
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -96,6 +117,21 @@ def main() -> None:
             mine = {"rank": ranks.rank, "stream_peak": peak_bytes(stream), "keep_peak": peak_bytes(keep),
                     "save_peak": peak_bytes(lambda: be.save_hf(ckpt)),
                     "shards": sorted(p.name for p in ckpt.glob("*.safetensors"))}
+        # through the command channel, as the learner publishes (learner.trainer)
+        from learner.trainer import RankWorker, Trainer, follow
+
+        worker = RankWorker(be, cfg)
+        if ranks.leader:
+            trainer = Trainer(worker, ranks)
+
+            def via_channel() -> None:
+                for _, t in trainer.weights():
+                    float(t.sum())
+
+            mine["channel_rss"] = rss_peak_bytes(via_channel)
+            trainer.close()
+        else:
+            mine["channel_rss"] = rss_peak_bytes(lambda: follow(worker, ranks))
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if ranks.leader:

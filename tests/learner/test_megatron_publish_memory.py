@@ -1,7 +1,8 @@
 """Publishing does not gather the whole model anywhere: on two gloo ranks (torchrun; tensor,
 pipeline or data parallel), a publish that streams its tensors allocates at most a few times the
-largest tensor on rank 0 and nothing on the other rank, however large the model; writing the
-model into a checkpoint holds one safetensors shard on top (tests/learner/megatron_publish_memory.py
+largest tensor on rank 0 and nothing on the other rank, however large the model, also through
+the learner's command channel; writing the model into a checkpoint holds one safetensors shard
+on top (tests/learner/megatron_publish_memory.py
 measures with torch.profiler's allocator events; docs/learner.md has the figures)."""
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ SCRIPT = Path(__file__).resolve().parent / "megatron_publish_memory.py"
 
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny widths, 16 layers: no single tensor is a large part of the model."""
+    """Small widths, 16 layers: no single tensor is a large part of the model, and the model
+    (17 MB) stands out of a process's resident-memory noise."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=16,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=16,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
         tie_word_embeddings=True))
     out = tmp_path_factory.mktemp("deep-model")
     model.save_pretrained(out)
@@ -65,3 +67,7 @@ def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path
     assert model > 4 * shard and len(leader["shards"]) >= model // shard
     assert 0 < leader["save_peak"] < model
     assert other["save_peak"] <= 64 and other["shards"] == []
+    # the learner's path: the command channel carries a count, not the model (when rank 0's
+    # answer was the model, gather_object's pickling and padding cost rank 0 ten times it)
+    assert leader["channel_rss"] < model
+    assert other["channel_rss"] < model / 4
