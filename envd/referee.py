@@ -261,6 +261,7 @@ class _Run:
             for ids in r.get("ids", []):
                 self.collected.update(str(i) for i in ids)
         self.audit = [r for r in recs if r.get("e") == "audit"]
+        self.modules = [(str(r.get("path")), r.get("sha")) for r in recs if r.get("e") == "module"]
         self.phases: dict[str, dict[str, dict[str, Any]]] = {}
         self.aliases: dict[str, str] = {}
         self.calls: dict[str, str | None] = {}
@@ -343,6 +344,15 @@ def judge(p: RefereePlan, output: str, inst: dict[str, Any], log_status: dict[st
     if valid > 1:
         v.tampers.append(Tamper("referee", "<test output>", "the referee's signed line appears more than once"))
     runs = [_Run(r) for r in body.get("runs", [])]
+    before = body.get("hashes") or {}
+    for path, sha in before.items():
+        if sha is not None and (body.get("hashes_after") or {}).get(path) != sha:
+            v.tampers.append(Tamper("test_files", str(path), f"{path}: a test file changed while the tests ran"))
+    for i, run in enumerate(runs):
+        for path, sha in run.modules:
+            if path in before and sha != before[path]:
+                v.tampers.append(Tamper("test_files", path, f"{path}: a test file was changed before pytest "
+                                        f"imported it (run {i + 1})"))
     v.runs = len(runs)
     if not runs or not runs[0].hello:
         v.error = "the referee's plugin did not load in the test process"

@@ -2,7 +2,8 @@
 it is imported and registered before any conftest or test module, hence before any code of the
 package under test. It writes one JSON record a line to a pipe the referee process reads:
 
-- `hello` at import; `collected` (every item's node id) once collection ends;
+- `hello` at import; `module` (the hash of each of the row's test files just before pytest
+  imports it); `collected` (every item's node id) once collection ends;
 - `phase` for each item's setup / call / teardown, read before any other makereport
   implementation runs (`pre`: the exception pytest's CallInfo caught, as a qualified type name)
   and after them (`post`, `report`), so a report rewritten later does not change what was sent;
@@ -16,6 +17,7 @@ package under test. It writes one JSON record a line to a pipe the referee proce
 The pipe's descriptor is moved to a random number, made close-on-exec, and its variable removed
 from the environment. Written for Python 3.6+ and pytest 3+ with the standard library only."""
 
+import hashlib
 import json
 import os
 import random
@@ -107,6 +109,7 @@ _TESTS = tuple(p for p in _list_env("SWARL_REFEREE_TESTS") if p)
 _SELECT = _list_env("SWARL_REFEREE_SELECT")
 _ROOT = os.getcwd()
 _STDLIB = os.path.dirname(os.__file__) + os.sep
+_FRAME_HELPERS = frozenset(_STDLIB + n for n in ("inspect.py", "traceback.py"))
 _HERE = os.path.abspath(__file__)
 _send({"e": "hello", "pid": os.getpid(), "py": sys.version.split()[0], "pytest": pytest.__version__})
 
@@ -130,8 +133,11 @@ def _patched(filename):
 
 def _culprit(direct):
     """The patched file behind the current audit event (None: none): the nearest frame outside
-    the standard library, this plugin and code compiled from strings (or, `direct`, the caller)."""
+    the standard library, this plugin and code compiled from strings (or, `direct`, the caller,
+    seen through inspect's and traceback's helpers, which get frames on their caller's behalf)."""
     frame = _getframe(2)  # type: Any
+    while direct and frame is not None and frame.f_code.co_filename in _FRAME_HELPERS:
+        frame = frame.f_back
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(_STDLIB) or name.startswith("<") or name == _HERE):
@@ -211,6 +217,29 @@ def _ours(config):
 def pytest_configure(config):
     if not _CONFIG:
         _CONFIG.append(config)
+        # registered now: no longer findable by name (only through gc or frames, which are audited)
+        sys.modules.pop(__name__, None)
+
+
+def _sha(path):
+    try:
+        with open(str(path), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_make_collect_report(collector):
+    """A test module's file as it is just before pytest imports it (the code under test, imported
+    by it, runs only after its source was read): the referee compares it with the file as it was
+    before the run, so tests rewritten while others ran (by any process) are seen."""
+    if _ours(collector.config) and isinstance(collector, pytest.Module):
+        path = str(getattr(collector, "path", None) or getattr(collector, "fspath", ""))
+        rel = os.path.relpath(path, _ROOT) if os.path.isabs(path) else path
+        if rel in _TESTS:
+            _send({"e": "module", "path": rel, "sha": _sha(path)})
+    yield
 
 
 @pytest.hookimpl(trylast=True)

@@ -19,6 +19,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,8 +58,41 @@ def _insert_canaries(canaries):
             f.write("\n".join(lines).rstrip("\n") + "\n")
 
 
+def _pids():
+    return set(int(p) for p in os.listdir("/proc") if p.isdigit())
+
+
+def _reap(keep):
+    """Kill every process that was not there when the referee started (what a test run left
+    behind, even outside its session, must not reach the next run)."""
+    for pid in _pids() - keep:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _hashes(paths):
+    out = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                out[p] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            out[p] = None
+    return out
+
+
+def _restore_plugin(run_dir, name, source):
+    """The plugin as envd wrote it, and no bytecode cache beside it, before every run."""
+    shutil.rmtree(os.path.join(run_dir, "__pycache__"), ignore_errors=True)
+    with open(os.path.join(run_dir, name + ".py"), "wb") as f:
+        f.write(source)
+
+
 def _run(command, run_dir, cfg, select_ids):
     """One test process: its records, exit code and seconds."""
+    _restore_plugin(run_dir, cfg["plugin"], cfg["plugin_source"])
     rfd, wfd = os.pipe()
     env = dict(os.environ)
     env["SWARL_REFEREE_FD"] = str(wfd)
@@ -122,14 +156,21 @@ def main(argv):
     key = bytes.fromhex(cfg.pop("key"))
     guarded = _no_dump()
     os.write(1, b"\n" + STARTED + b"\n")  # before the test process exists: it cannot print this first
+    keep = _pids()
+    with open(os.path.join(run_dir, cfg["plugin"] + ".py"), "rb") as f:
+        cfg["plugin_source"] = f.read()
     _insert_canaries(cfg.get("canaries", {}))
+    hashes = _hashes(cfg.get("tests", []))
     main_run = _run(command, run_dir, cfg, None)
+    _reap(keep)
     runs = [main_run]
     isolate = cfg.get("isolate", {})
     if isolate and _all_passed(main_run["records"], list(isolate)):
         for test_id, extra in isolate.items():
             runs.append(_run(command, run_dir, cfg, [test_id, *list(extra)]))
-    body = json.dumps({"runs": runs, "guarded": guarded}).encode("utf-8")
+            _reap(keep)
+    body = json.dumps({"runs": runs, "guarded": guarded, "hashes": hashes,
+                       "hashes_after": _hashes(cfg.get("tests", []))}).encode("utf-8")
     payload = base64.b64encode(zlib.compress(body, 6))
     sig = hmac.new(key, payload, hashlib.sha256).hexdigest()  # checked before anything is decoded
     sys.stdout.flush()
