@@ -62,10 +62,10 @@ def cluster_boot(values: dict[str, float], clusters: dict[str, str] | None, seed
     if len(arrays) == 1 or all(a.size == 1 for a in arrays):  # one level: tasks
         a = np.concatenate(arrays)
         return a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1)
-    k = len(arrays)
-    picks = rng.integers(0, k, size=(n_boot, k))
+    n_clusters = len(arrays)
+    picks = rng.integers(0, n_clusters, size=(n_boot, n_clusters))
     total, count = np.zeros(n_boot), np.zeros(n_boot)
-    for j in range(k):  # slot j of every replicate: a drawn cluster, its tasks resampled
+    for j in range(n_clusters):  # slot j of every replicate: a drawn cluster, its tasks resampled
         for c, a in enumerate(arrays):
             rows = np.flatnonzero(picks[:, j] == c)
             if rows.size:
