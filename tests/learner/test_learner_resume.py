@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from learner_helpers import make_sample
 
@@ -118,3 +119,81 @@ def test_kill_9_and_resume_trains_every_sample_once(redis_url, keys, small_model
 
     assert asyncio.run(pending()) == 0
     assert "learner stopped at step 20, version 10" in log.read_text()
+
+
+@pytest.mark.slow
+def test_kill_9_between_checkpoints_after_weights_only_publishes(redis_url, keys, small_model_dir,
+                                                                 tmp_path) -> None:
+    """Versions are published every step, checkpoints every sixth: a kill -9 after versions
+    that no checkpoint records loses those steps, and the resumed learner trains their samples
+    (still pending) exactly once, publishes the checkpoint's weights as the version after the
+    newest published one (a server holding a lost version is never told it is current), and
+    checkpoints its last steps when it stops cleanly."""
+    import shutil
+
+    import redis as redis_sync
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "learner.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"id": keys.run, "dir": str(run_dir)},
+        "redis": {"url": redis_url},
+        "replay": {"block_ms": 100, "read_count": 8},
+        "admission": {"max_staleness": 1000, "batch_size": 2},
+        "weight_sync": {"keep_versions": 100, "stop_rollout_timeout_s": 0},
+        "learner": {"model_dir": str(small_model_dir), "n_samples_per_prompt": 2, "publish": "weight_sync",
+                    "idle_exit_s": 3.0, "threads": 1, "tensorboard": False, "lr": 1e-3,
+                    "update_every": 1, "checkpoint_every": 6},
+    }))
+    trained = run_dir / "learner" / "trained.jsonl"
+    log = tmp_path / "learner.log"
+    first = samples_for(range(0, 14))
+    asyncio.run(write(redis_url, keys, first))
+    r = redis_sync.Redis.from_url(redis_url)
+
+    p1 = start(config, log, resume=False)
+    try:
+        wait_steps(p1, trained, 8, log)
+        os.kill(p1.pid, signal.SIGKILL)  # checkpoint at step 6, the next at 12
+        p1.wait(10)
+    finally:
+        if p1.poll() is None:
+            p1.kill()
+    from learner import checkpoint
+
+    ckpt = checkpoint.latest(run_dir)
+    assert ckpt is not None
+    saved = json.loads((ckpt / "state.json").read_text())
+    current = int(r.get(keys.policy_current))
+    assert saved["step"] == 6 and current > saved["version"] == 6  # the case under test
+    kept = shutil.copytree(ckpt / "model", tmp_path / "ckpt-model")
+
+    p2 = start(config, log, resume=True)
+    try:
+        second = samples_for(range(14, 20))
+        asyncio.run(write(redis_url, keys, second))
+        assert p2.wait(150) == 0, log.read_text()[-3000:]
+    finally:
+        if p2.poll() is None:
+            p2.kill()
+
+    ids = [i for line in trained.read_text().splitlines() for i in json.loads(line)["ids"]]
+    counts = Counter(ids)
+    assert not [i for i, c in counts.items() if c > 1], "trained twice"
+    assert set(counts) == {s.sample_id for s in first + second}, "lost samples"
+    assert [json.loads(line)["step"] for line in trained.read_text().splitlines()] == list(range(1, 21))
+    assert r.xpending(keys.replay, "learner")["pending"] == 0
+    # versions went on from the newest published, the first of them the checkpoint's weights
+    resumed = current + 1
+    manifest = json.loads(r.hget(keys.policy_manifests, resumed))
+    assert manifest["step"] == 6
+    republished = load_file(Path(manifest["path"]) / "model.safetensors")
+    for name, t in load_file(kept / "model.safetensors").items():
+        assert torch.equal(republished[name], t), name
+    final = resumed + (20 - 6)
+    assert int(r.get(keys.policy_current)) == final
+    assert f"learner stopped at step 20, version {final}" in log.read_text()
+    # the clean stop checkpointed the steps after 18, the last on the cadence
+    last = checkpoint.latest(run_dir)
+    assert last is not None and json.loads((last / "state.json").read_text())["step"] == 20
