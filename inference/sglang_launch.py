@@ -1,7 +1,7 @@
 """Real SGLang servers on GPUs: the `python -m sglang.launch_server` command swarl needs
 (flag names as in SGLang's server_args.py), and a supervisor that starts it, registers it in
 the broker's server registry (inference.membership) and heartbeats the weight version SGLang
-reports while it lives."""
+reports on /model_info (0.5.21+ serve no /get_weight_version) while it lives."""
 
 from __future__ import annotations
 

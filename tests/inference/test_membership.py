@@ -44,7 +44,7 @@ async def test_heartbeats_carry_the_version_and_wake_beats_at_once(redis_url, ar
     wake = asyncio.Event()
     version = {"v": "1"}
 
-    async def read() -> str:  # an awaitable source, as a server's /get_weight_version
+    async def read() -> str:  # an awaitable source, as a server's /model_info version
         return version["v"]
 
     async with Membership(redis_url, keys, "s1", "http://s1", META, read, heartbeat_s=30.0, wake=wake):

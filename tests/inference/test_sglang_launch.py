@@ -65,7 +65,7 @@ def test_serve_refuses_to_start_without_an_api_key(tiny_model_dir):
     assert res.returncode == 2 and "API key is required" in res.stderr
 
 
-# run_and_register with a scripted server in SGLang's place (same /health, /get_weight_version)
+# run_and_register with a scripted server in SGLang's place (same /health, /model_info)
 SUPERVISOR = """
 import os, sys
 from broker.keys import Keys
