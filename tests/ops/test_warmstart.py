@@ -93,3 +93,19 @@ def test_the_loss_on_the_answers_only_is_the_models_own(enc, tiny_model_dir) -> 
     g2 = torch.autograd.grad(model(input_ids=ids, attention_mask=attn, labels=labels).loss,
                              model.lm_head.weight)[0]
     assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_sft_stops_at_max_steps_with_a_flat_rate(enc, tiny_model_dir, tmp_path) -> None:
+    """The SFT control's pass: as many steps as asked (the learner's), at a constant rate after
+    its warm-up, and a model that loads."""
+    from transformers import AutoModelForCausalLM
+
+    from swarl.warmstart import sft
+
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    seqs = demonstrations([(demo_row(i), i) for i in practice(8, seed=2)], tpl, enc)
+    seen: list[int] = []
+    out = sft(tiny_model_dir, tmp_path / "ctl", seqs, epochs=5, lr=1e-3, batch_size=2, max_steps=3,
+              warmup=1, decay=False, progress=lambda step, total, loss: seen.append(total))
+    assert seen == [3, 3, 3]
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
