@@ -3,9 +3,9 @@ the backward during the training forward (train_microbatches), counted tensor by
 saved_tensors_hooks, per transformer layer, against swarl.plan's formulas.
 
 Per layer = (what a 3-layer model keeps - what the same shape with 1 layer keeps) / 2, so the
-embedding, the final norm, the mask and the RoPE table cancel. Parameters are not activations
-and are left out. Counting stops when the loss function is called: the logprob head is sized
-separately (megatron_head_memory.py).
+embedding, the final norm, the mask, the RoPE table and the logits the logprob head saves cancel.
+Parameters are not activations and are left out. Counting stops when the loss function is
+called: the backward's recomputation saves tensors too.
 
 On CPU the backend runs megatron-core's local layer spec, not TransformerEngine's, which
 swarl.plan sizes. The local spec keeps everything the plan counts (A, layer_activation_bytes)
