@@ -553,8 +553,10 @@ class Check:
         torch, trained = self.torch, self.trained
         assert trained is not None
         t = time.monotonic()
+        # the learner's path: publish_tensors streamed into the checkpoint writer; the engine's
+        # weights are then compared with the publish `train` kept in memory
         manifest = write_checkpoint(self.work / "run", version=1, step=self.size["steps"] + 1,
-                                    named_tensors=trained.items(), base_model_dir=self.model_dir)
+                                    named_tensors=self.be.publish_tensors(), base_model_dir=self.model_dir)
         path = verify(manifest, 1)
         write_s = time.monotonic() - t
         engine = Engine(self.model_dir, weight_version="0", seed=0)  # the untrained weights
