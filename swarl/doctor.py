@@ -139,8 +139,9 @@ def check(cfg: SwarlConfig, m: dict[str, Any], role: Role) -> tuple[list[str], l
             warnings.append("no TransformerEngine (" + m["transformer_engine"]["found"] + "): the local "
                             "layer spec with " + ", ".join(TE_ONLY_FUSIONS) + " off; its unfused attention "
                             "keeps an s x s score matrix per head, which `swarl config plan` does not count")
-        if m["transformer_engine"]["problem"]:
-            problems.append(m["transformer_engine"]["problem"])
+        te = m["transformer_engine"]["version"]
+        if te and te_version_problem(te):
+            problems.append(f"learner.backend=megatron: {te_version_problem(te)}")
     if role == "inference":
         sg = m["sglang"]
         if not sg["version"]:

@@ -65,3 +65,38 @@ def test_cpu_config_can_run():
 def test_bad_role_is_exit_2():
     res = doctor("--config", str(ROOT / "configs" / "local.yaml"), "--role", "actor")
     assert res.returncode == 2 and "learner or inference" in res.stderr
+
+
+def test_gpu_machines_are_judged_by_what_they_have():
+    """check() on the report of machines this one is not: the reasons a GPU machine gives."""
+    from swarl.config import load_config
+    from swarl.doctor import check, machine
+
+    cfg = load_config(GPU / "qwen3-8b.yaml", environ={})
+    here = machine()
+
+    def gpu_machine(n: int, name: str = "NVIDIA H100 80GB HBM3", gib: float = 79.6, bf16: bool = True,
+                    nccl: bool = True, te: str | None = "2.11.0") -> dict:
+        devices = [{"index": i, "name": name, "memory_gib": gib, "capability": "9.0", "bf16": bf16}
+                   for i in range(n)]
+        return {**here, "cuda": True, "torch_cuda": "13.0", "devices": devices,
+                "nccl": {"available": nccl, "version": "2.28.3" if nccl else None},
+                "transformer_engine": {**here["transformer_engine"], "version": te,
+                                       "found": "importable" if te else "not installed"},
+                "layer_spec": "transformer_engine" if te else "local"}
+
+    assert check(cfg, gpu_machine(8), "learner") == ([], [])
+    problems, warnings = check(cfg, gpu_machine(8, te=None), "learner")
+    assert problems == [] and "no TransformerEngine" in warnings[0]  # runs, on the local spec
+    problems, _ = check(cfg, gpu_machine(1, name="Tesla V100", gib=31.7, bf16=False, nccl=False), "learner")
+    text = "\n".join(problems)
+    assert "Tesla V100 cannot compute in bf16" in text
+    assert "learner.tensor_parallel=2 needs that many GPUs on one node; 1 visible" in text
+    assert "cluster.gpus_per_node=8" in text and "Tesla V100 has 31.7 GiB" in text
+    assert "NCCL is not available" in text
+    problems, _ = check(cfg, gpu_machine(8, te="2.12.0"), "learner")
+    assert problems and "outside" in problems[0]
+    sglang_there = {**gpu_machine(8), "sglang": {"version": "0.5.22", "pin": "==0.5.23"}}
+    problems, _ = check(cfg, sglang_there, "inference")
+    assert problems == ["sglang 0.5.22 is not swarl's pin sglang==0.5.23: the client's routes and "
+                        "request bodies are checked against the pinned release"]
