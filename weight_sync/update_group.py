@@ -267,7 +267,13 @@ class UpdateGroup:
 
         works = [dist.broadcast(t, 0, group=self.pg, async_op=True) for t in tensors]
         for w in works:
-            w.wait(timedelta(seconds=self.timeout_s))
+            if self.backend == "nccl":
+                # orders the stream only: the CPU does not block on a peer that never joins.
+                # The server's answer (it comes once it has received) is what is awaited, and
+                # the group is aborted, which ends the kernel, when it does not come in time.
+                w.wait()
+            else:
+                w.wait(timedelta(seconds=self.timeout_s))
 
     def _thread(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
         fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
