@@ -228,3 +228,18 @@ async def test_cpu_server_answers_carry_sglangs_keys(upstream, cpu_server):
         assert (r.status_code, r.content) == (200, b"")  # SGLang's empty 200
         server_info = (await http.get("/server_info")).json()
         assert {"internal_states", "version"} <= set(server_info)
+
+
+def test_the_pin_must_be_exact_and_a_missing_release_is_named(tmp_path):
+    from sglang_upstream import REPO
+
+    assert pinned("sglang") == pinned("sglang", REPO / "pyproject.toml")
+    loose = tmp_path / "pyproject.toml"
+    loose.write_text('[project.optional-dependencies]\ngpu = ["sglang[srt]>=0.5,<0.6"]\n')
+    with pytest.raises(ValueError, match=r"must pin sglang exactly \(==X\), got 'sglang\[srt\]>=0.5,<0.6'"):
+        pinned("sglang", loose)
+    loose.write_text('[project.optional-dependencies]\ngpu = ["torch"]\n')
+    with pytest.raises(ValueError, match="the gpu extra has no sglang requirement"):
+        pinned("sglang", loose)
+    with pytest.raises(UpstreamUnavailable, match=r"pip download sglang==0\.0\.0 failed"):
+        wheel("sglang", "0.0.0", cache=tmp_path / "cache")
