@@ -201,6 +201,8 @@ def _jsonable(v: Any) -> Any:
 
 
 def _r(x: float, n: int = 6) -> float | None:
+    if isinstance(x, int):
+        return x
     return None if x is None or not math.isfinite(x) else round(float(x), n)
 
 
@@ -438,7 +440,7 @@ class Check:
         if info is None:
             return
         self.counts = arch_counts(self.model_dir)
-        rep.note(model={**info, **self.counts},
+        rep.note(model={**info, "params": self.counts["params"], "matmul_params": self.counts["matmul_params"]},
                  learner={k: v for k, v in self.fields.items() if k != "backend"})
         vocab = self.counts["vocab"]
         self.probes = sequences(self.size["probes"], self.size["probe_len"], vocab, seed=1)
