@@ -119,9 +119,10 @@ def _why(ans: Any) -> str:
 @contextlib.asynccontextmanager
 async def session(client: ServerClient, member: str, timeout_s: float) -> AsyncIterator[None]:
     """A weight-update session on one server: begin (bounded; a refusal or no answer within
-    timeout_s raises ServerRefused: nothing has been sent, the server keeps its weights), the
-    body, then end, also when the body failed (bounded, best effort: a server that died or
-    left it open is dealt with at its next begin).
+    timeout_s raises ServerRefused: nothing has been sent, the server keeps its weights and
+    answers requests; a transport error, e.g. a dead server, propagates as it is), the body,
+    then end, also when the body failed (bounded, best effort: a server that died or left it
+    open is dealt with at its next begin).
 
     A session already open was left by a learner killed mid-update (while this coordinator
     holds the server's update lease nobody else updates it): it is ended and begun again."""
@@ -131,8 +132,6 @@ async def session(client: ServerClient, member: str, timeout_s: float) -> AsyncI
         except TimeoutError:
             raise ServerRefused(f"begin_weight_update: no answer within {timeout_s:g}s (the server "
                                 "waits for its requests in flight)") from None
-        except Exception as e:
-            raise ServerRefused(f"begin_weight_update: {type(e).__name__}: {e}") from e
 
     ans = await begin()
     if not _ok(ans) and "already open" in _why(ans):
