@@ -76,7 +76,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]],
             f.write(chunk)
             h.update(chunk)
         for _, t in tensors:
-            raw = memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().data  # no copy
             f.write(raw)
             h.update(raw)
         f.flush()

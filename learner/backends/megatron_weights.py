@@ -33,6 +33,8 @@ from learner.backends.hf_megatron_convert import (
 _LAYERS = "decoder.layers."
 SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
 INDEX = "model.safetensors.index.json"
+# tensor-parallel shards joined by rows (torch.cat(shards, 0), hf_megatron_convert.unshard_tp)
+_ROWS_SHARDED = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
 TP_SHARDED = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight",
               "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 
@@ -210,10 +212,20 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
         if stage == owner:
             full = own[local_name(name, off)].detach()
             if tp_size > 1 and name.endswith(TP_SHARDED):
-                shards = [torch.empty_like(full) for _ in range(tp_size)] if tp_rank == 0 else None
+                whole, shards = None, None
+                if tp_rank == 0 and name.endswith(_ROWS_SHARDED):
+                    # shards stacked by rows are the full tensor's row blocks: gathered in place,
+                    # with no second copy to join them
+                    whole = torch.empty(full.shape[0] * tp_size, *full.shape[1:], dtype=full.dtype,
+                                        device=full.device)
+                    shards = list(whole.chunk(tp_size))
+                elif tp_rank == 0:
+                    shards = [torch.empty_like(full) for _ in range(tp_size)]
                 dist.gather(full.contiguous(), shards, dst=dist.get_global_rank(tp_group, 0), group=tp_group)
-                full, fresh = (unshard_tp(name, shards) if shards is not None else None), True
-                del shards  # only the full tensor lives on while it is handed out
+                if whole is None and shards is not None:
+                    whole = unshard_tp(name, shards)
+                full, fresh = whole, True
+                del shards, whole  # only the full tensor lives on while it is handed out
             if owner != 0 and full is not None:  # this stage's first tensor-parallel rank
                 dims = [*full.shape, -1][:2]  # Megatron's tensors have 1 or 2 dimensions
                 dist.send(torch.tensor(dims, device=dev), dist.get_global_rank(pp_group, 0), group=pp_group)
