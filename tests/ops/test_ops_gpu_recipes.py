@@ -128,10 +128,13 @@ def test_docker_image_pins_are_pyprojects():
     assert set(pins["megatron-core"]) == {args["MEGATRON_CORE_VERSION"]}
     assert args["TRANSFORMER_ENGINE_VERSION"] in SpecifierSet(TE_SUPPORTED)
     text = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert "--no-build-isolation \"transformer_engine[pytorch]==${TRANSFORMER_ENGINE_VERSION}\"" in text
+    # the core library for the image's CUDA, the torch extension built against the image's torch
+    cuda = "cu13" if args["SGLANG_CUDA"].startswith("cu13") else "cu12"
+    assert (f"--no-build-isolation \"transformer_engine[core_{cuda},pytorch]=="
+            "${TRANSFORMER_ENGINE_VERSION}\"") in text
     assert 'pip install -e ".[gpu]"' in text and "RUN swarl doctor" in text
     # docs/gpu.md names the same versions
     doc = (ROOT / "docs" / "gpu.md").read_text()
     for v in (args["FROM"], f"megatron-core=={args['MEGATRON_CORE_VERSION']}",
-              f"transformer_engine[pytorch]=={args['TRANSFORMER_ENGINE_VERSION']}"):
+              f"transformer_engine[core_cu13,pytorch]=={args['TRANSFORMER_ENGINE_VERSION']}"):
         assert v in doc, v
