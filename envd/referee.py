@@ -343,6 +343,9 @@ def judge(p: RefereePlan, output: str, inst: dict[str, Any], log_status: dict[st
         return v
     if valid > 1:
         v.tampers.append(Tamper("referee", "<test output>", "the referee's signed line appears more than once"))
+    if body.get("error"):
+        v.error = f"the referee failed: {str(body['error'])[:300]}"
+        return v
     runs = [_Run(r) for r in body.get("runs", [])]
     before = body.get("hashes") or {}
     for path, sha in before.items():

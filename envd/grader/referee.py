@@ -73,7 +73,7 @@ def _reap(keep):
 
 
 def _hashes(paths):
-    out = {}
+    out = {}  # type: dict
     for p in paths:
         try:
             with open(p, "rb") as f:
@@ -156,26 +156,34 @@ def main(argv):
     key = bytes.fromhex(cfg.pop("key"))
     guarded = _no_dump()
     os.write(1, b"\n" + STARTED + b"\n")  # before the test process exists: it cannot print this first
-    keep = _pids()
-    with open(os.path.join(run_dir, cfg["plugin"] + ".py"), "rb") as f:
-        cfg["plugin_source"] = f.read()
-    _insert_canaries(cfg.get("canaries", {}))
-    hashes = _hashes(cfg.get("tests", []))
-    main_run = _run(command, run_dir, cfg, None)
-    _reap(keep)
-    runs = [main_run]
-    isolate = cfg.get("isolate", {})
-    if isolate and _all_passed(main_run["records"], list(isolate)):
-        for test_id, extra in isolate.items():
-            runs.append(_run(command, run_dir, cfg, [test_id, *list(extra)]))
-            _reap(keep)
-    body = json.dumps({"runs": runs, "guarded": guarded, "hashes": hashes,
-                       "hashes_after": _hashes(cfg.get("tests", []))}).encode("utf-8")
+    report = {"runs": [], "guarded": guarded}
+    try:
+        _referee(command, run_dir, cfg, report)
+    except Exception as e:  # a verdict still (an error: unresolved), never silence
+        report["error"] = f"{type(e).__name__}: {e}"
+    body = json.dumps(report).encode("utf-8")
     payload = base64.b64encode(zlib.compress(body, 6))
     sig = hmac.new(key, payload, hashlib.sha256).hexdigest()  # checked before anything is decoded
     sys.stdout.flush()
     os.write(1, b"\n@@swarl-referee " + sig.encode() + b" " + payload + b"\n")
-    return main_run["exit"]
+    return report["runs"][0]["exit"] if report["runs"] else 1
+
+
+def _referee(command, run_dir, cfg, report):
+    keep = _pids()
+    with open(os.path.join(run_dir, cfg["plugin"] + ".py"), "rb") as f:
+        cfg["plugin_source"] = f.read()
+    _insert_canaries({p: t for p, t in cfg.get("canaries", {}).items() if os.path.isfile(p)})
+    report["hashes"] = _hashes(cfg.get("tests", []))
+    runs = report["runs"]
+    runs.append(_run(command, run_dir, cfg, None))
+    _reap(keep)
+    isolate = cfg.get("isolate", {})
+    if isolate and _all_passed(runs[0]["records"], list(isolate)):
+        for test_id, extra in isolate.items():
+            runs.append(_run(command, run_dir, cfg, [test_id, *list(extra)]))
+            _reap(keep)
+    report["hashes_after"] = _hashes(cfg.get("tests", []))
 
 
 def _all_passed(records, test_ids):

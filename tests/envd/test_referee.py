@@ -56,8 +56,9 @@ def _run(p: RefereePlan, tests: dict[str, str | None], exit_code: int = 1, finis
     return {"records": recs, "exit": exit_code, "bad": 0, "late": 0, "select": select, **extra}
 
 
-def _output(p: RefereePlan, runs: list[dict[str, Any]], key: bytes | None = None, times: int = 1) -> str:
-    payload = base64.b64encode(zlib.compress(json.dumps({"runs": runs, "guarded": True}).encode()))
+def _output(p: RefereePlan, runs: list[dict[str, Any]], key: bytes | None = None, times: int = 1,
+            **body: Any) -> str:
+    payload = base64.b64encode(zlib.compress(json.dumps({"runs": runs, "guarded": True, **body}).encode()))
     sig = hmac.new(key or p.key, payload, hashlib.sha256).hexdigest()
     return "+ : '>>>>> Start Test Output'" + STARTED + "PASSED x\n" + \
         f"\n@@swarl-referee {sig} {payload.decode()}\n" * times
@@ -73,6 +74,7 @@ def _honest(p: RefereePlan, f2p_exc: str | None = None) -> list[dict[str, Any]]:
 
 def _kinds(p: RefereePlan, runs: list[dict[str, Any]], log_status: dict[str, str] | None = None,
            **kw: Any) -> set[str]:
+    """The kinds of tampering judged in these runs (kw: _output's)."""
     v = judge(p, _output(p, runs, **kw), TASK, log_status or dict.fromkeys(F2P + P2P, "PASSED"))
     return {t.kind for t in v.tampers}
 
@@ -188,6 +190,17 @@ def test_a_verdict_without_the_key_is_no_verdict() -> None:
     timed = judge(p, STARTED, TASK, {}, timed_out=True)
     assert "timed out" in timed.error and not timed.tampers
     assert "@@swarl-referee" not in strip_signed(_output(p, _honest(p)))
+    failed = judge(p, _output(p, [], error="FileNotFoundError: x"), TASK, dict.fromkeys(F2P + P2P, "PASSED"))
+    assert failed.error.startswith("the referee failed: FileNotFoundError") and not failed.tampers
+    # the test files' hashes: changed by the end of the run, or before pytest imported one
+    changed = {"tests/test_items.py": "a" * 64}
+    assert _kinds(p, _honest(p), hashes=changed, hashes_after={"tests/test_items.py": "b" * 64}) == {"test_files"}
+    early = _honest(p)
+    early[0]["records"].insert(1, {"e": "module", "path": "tests/test_items.py", "sha": "b" * 64})
+    for i, r in enumerate(early[0]["records"], 1):
+        r["n"] = i
+    assert _kinds(p, early, hashes=changed, hashes_after=changed) == {"test_files"}
+    assert _kinds(p, _honest(p), hashes=changed, hashes_after=changed) == set()
 
 
 def test_passing_alone_matters_but_is_not_tampering() -> None:
