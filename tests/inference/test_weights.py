@@ -153,6 +153,20 @@ async def test_a_tp2_and_a_tp1_server_in_one_group_receive_the_same_weights(clie
         assert "weight_group_joined group=mixed_tp_group ranks=2..3 world_size=4" in tp2_server.log()
 
 
+async def test_a_refused_join_ends_rank_0s_join_at_once(tp2_server):
+    from weight_sync.protocols import ServerRefused
+
+    async with SGLangClient(tp2_server.url, api_key=tp2_server.api_key, retries=0) as c:
+        # a trainer that takes the tp-2 server for tp 1: the server refuses while rank 0 waits for it
+        g = UpdateGroup(name="wrong-size", members=["tp2"], clients=[c], tp_sizes=[1], backend="gloo",
+                        timeout_s=5)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(ServerRefused, match="exceeds world_size 2"):
+            await g.connect()
+        assert asyncio.get_running_loop().time() - t0 < 3  # not rank 0's join timeout
+        assert g.broken and g.pg is None
+
+
 @pytest.mark.parametrize(("rank_offset", "world_size", "why"), [
     (0, 3, "rank_offset 0 must be at least 1 (rank 0 is the trainer)"),
     (2, 3, "rank_offset 2 + tp_size 2 exceeds world_size 3: this server's ranks 2..3 must lie in 1..2"),

@@ -74,7 +74,7 @@ async def test_a_refusal_while_rank_0_is_in_the_broadcast_ends_it_at_once(start_
 
 async def test_a_server_that_lost_its_group_is_updated_from_disk(ws_cfg, aredis, keys, start_servers,
                                                                  publisher_factory, tiny_model_dir):
-    _distributed(ws_cfg)
+    _distributed(ws_cfg, group_timeout_s=60)
     (srv,) = start_servers(1)
     registry = ServerRegistry(aredis, keys)
     await wait_for(lambda: all_at(registry, 1, 0), 60, "server ready at 0")
@@ -89,7 +89,7 @@ async def test_a_server_that_lost_its_group_is_updated_from_disk(ws_cfg, aredis,
     t0 = time.monotonic()
     await pub.publish(2, 2, lambda: iter(t[2]))
     await wait_for(lambda: all_at(registry, 1, 2), 30, "v2 from disk")
-    assert time.monotonic() - t0 < 15  # the group timeout is 30 s
+    assert time.monotonic() - t0 < 30  # the group timeout is 60 s
     assert await server_checksum(srv.url) == expected_checksum(t[2])
     await pub.publish(3, 3, lambda: iter(t[3]))  # the next version goes over a new group
     await wait_for(lambda: all_at(registry, 1, 3), 30, "v3 over a new group")
@@ -106,7 +106,7 @@ async def test_a_server_that_lost_its_group_is_updated_from_disk(ws_cfg, aredis,
 @pytest.mark.slow
 async def test_a_server_killed_mid_update_is_failed_in_bounded_time_and_recovers(
         ws_cfg, aredis, keys, cpu_server_factory, publisher_factory, tiny_model_dir, redis_url):
-    _distributed(ws_cfg, bucket_mb=0.05)
+    _distributed(ws_cfg, bucket_mb=0.05, group_timeout_s=60)
     start = dict(redis_url=redis_url, run_id="test", api_key=API_KEY, server_id="victim")
     srv = cpu_server_factory.start(tiny_model_dir, **start)
     registry = ServerRegistry(aredis, keys)
@@ -118,7 +118,7 @@ async def test_a_server_killed_mid_update_is_failed_in_bounded_time_and_recovers
     srv.kill()  # SIGKILL while the buckets go out
     t0 = time.monotonic()
     await wait_for(lambda: any(not r.ok for r in pub.coordinator.history()), 30, "the update failed")
-    assert time.monotonic() - t0 < 20  # the group timeout is 30 s
+    assert time.monotonic() - t0 < 30  # the group timeout is 60 s
     await asyncio.wait_for(publishing, 60)  # the learner's publish returns
     failed = pub.coordinator.history()[0]
     assert (failed.version, failed.transport, failed.ok) == (1, "distributed", False)
@@ -150,7 +150,7 @@ async def test_a_server_slow_to_begin_is_updated_from_disk(ws_cfg, aredis, keys,
         t0 = time.monotonic()
         publishing = asyncio.create_task(pub.publish(1, 1, lambda: iter(t1)))
         await wait_for(lambda: any(not r.ok for r in pub.coordinator.history()), 20, "begin given up")
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 15  # begin_timeout_s 2; the update timeout is 60 s
         failed = pub.coordinator.history()[0]
         assert failed.transport == "distributed" and "begin_weight_update: no answer within 2s" in failed.error
         await client.abort_request(abort_all=True)  # the request ends: the server's lock frees
