@@ -11,9 +11,11 @@ the JSON contract of api/v1/api_types.py, and dict literals a handler answers wi
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable
@@ -58,17 +60,20 @@ def wheel(package: str, version: str, cache: Path = CACHE, timeout_s: float = 30
     if found:
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", "-d", str(cache), f"{package}=={version}"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        raise UpstreamUnavailable(f"pip download {package}=={version}: no answer in {timeout_s:.0f}s") from e
-    found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
-    if done.returncode != 0 or not found:
-        raise UpstreamUnavailable(f"pip download {package}=={version} failed ({done.returncode}): "
-                                  f"{(done.stderr or done.stdout).strip()[-1500:]}")
-    return found[0]
+    # into a directory of its own, then renamed: test workers downloading at once never see half a file
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{package}=={version}"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise UpstreamUnavailable(f"pip download {package}=={version}: no answer in {timeout_s:.0f}s") from e
+        got = sorted(Path(tmp).glob(f"{stem}-{version}-*.whl"))
+        if done.returncode != 0 or not got:
+            raise UpstreamUnavailable(f"pip download {package}=={version} failed ({done.returncode}): "
+                                      f"{(done.stderr or done.stdout).strip()[-1500:]}")
+        os.replace(got[0], cache / got[0].name)
+    return cache / got[0].name
 
 
 @dataclass(frozen=True)
