@@ -367,7 +367,10 @@ class UpdateGroup:
             if busy:  # a collective still on its thread: destroy after it
                 busy[0].add_done_callback(lambda _f: _destroy_later(pg))
             else:
-                await asyncio.to_thread(destroy_process_group, pg)
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(destroy_process_group, pg), self.timeout_s)
+                except TimeoutError:  # left to finish on its thread
+                    log.warning("destroy_group_slow", group=self.name, timeout_s=self.timeout_s)
         return answered
 
 
