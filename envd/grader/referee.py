@@ -44,18 +44,26 @@ def _no_dump():
 
 def _insert_canaries(canaries):
     """Each canary before a random top-level test (after a blank line) or at the end, so that
-    neither their names nor their place tells them from the tests the test patch added."""
+    neither their names nor their place tells them from the tests the test patch added; one
+    whose name the file already uses is left out. Returns {path: [names left out]}."""
     rng = random.SystemRandom()
+    skipped = {}  # type: dict
     for path, texts in canaries.items():
         with open(path) as f:
             lines = f.read().split("\n")
         for text in texts:
+            m = re.match(r"def (\w+)", text)
+            name = m.group(1) if m else ""
+            if not name or re.search(r"\b" + name + r"\b", "\n".join(lines)):
+                skipped.setdefault(path, []).append(name)
+                continue
             spots = [i for i, line in enumerate(lines)
                      if i and not lines[i - 1].strip() and re.match(r"(def test|class Test)\w*", line)]
             at = rng.choice([*spots, len(lines)])
             lines[at:at] = ["", "", *text.strip("\n").split("\n"), "", ""]
         with open(path, "w") as f:
             f.write("\n".join(lines).rstrip("\n") + "\n")
+    return skipped
 
 
 def _pids():
@@ -173,7 +181,8 @@ def _referee(command, run_dir, cfg, report):
     keep = _pids()
     with open(os.path.join(run_dir, cfg["plugin"] + ".py"), "rb") as f:
         cfg["plugin_source"] = f.read()
-    _insert_canaries({p: t for p, t in cfg.get("canaries", {}).items() if os.path.isfile(p)})
+    report["skipped_canaries"] = _insert_canaries({p: t for p, t in cfg.get("canaries", {}).items()
+                                                    if os.path.isfile(p)})
     report["hashes"] = _hashes(cfg.get("tests", []))
     runs = report["runs"]
     runs.append(_run(command, run_dir, cfg, None))

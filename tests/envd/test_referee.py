@@ -241,3 +241,37 @@ def test_lite_rows_plan_and_judge() -> None:
     # django's and sympy's own runners, sphinx's tox: graded from the log (docs/security.md)
     others = {"django/django", "sympy/sympy", "sphinx-doc/sphinx"}
     assert sum(planned.values()) == sum(r["repo"] not in others for r in rows) == 93, planned
+
+
+def test_canaries_go_between_tests_and_never_over_one(tmp_path, monkeypatch) -> None:
+    from envd.grader import referee as grader
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    src = ("import pytest\n\n\n@pytest.mark.parametrize('x', [1])\ndef test_one(x):\n    assert x\n\n\n"
+           "class TestTwo:\n    def test_two(self):\n        assert True\n\n\ndef test_three():\n    assert 3\n")
+    (tmp_path / "tests/test_x.py").write_text(src)
+    p = _plan()
+    texts = [c.text.replace("test_", "test_x_", 1) for c in p.canaries] + ["def test_three():\n    assert False\n"]
+    skipped = grader._insert_canaries({"tests/test_x.py": texts})
+    assert skipped == {"tests/test_x.py": ["test_three"]}  # the file's own test is kept
+    out = (tmp_path / "tests/test_x.py").read_text()
+    tree = ast.parse(out)
+    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    assert names.count("test_three") == 1 and len(names) == 3 + 4
+    assert "@pytest.mark.parametrize('x', [1])\ndef test_one(x):" in out  # never between a decorator and its def
+    # judged: a skipped canary is not expected; a module whose row tests all failed is not the canaries' fault
+    cid = next(c.test_id for c in p.canaries if c.must_pass)
+    tests = {**dict.fromkeys(P2P), **dict.fromkeys(F2P)}
+    run = _run(p, tests)
+    run["records"] = [r for r in run["records"] if r.get("id") != cid]
+    for i, r in enumerate(run["records"], 1):
+        r["n"] = i
+    assert "canary" in _kinds(p, [run])
+    path, name = cid.split("::")
+    assert _kinds(p, [run, *_honest(p)[1:]], skipped_canaries={path: [name]}) == set()
+    broken = _run(p, dict.fromkeys(F2P + P2P, "builtins.ImportError"))
+    broken["records"] = [r for r in broken["records"] if r.get("id") not in {c.test_id for c in p.canaries}]
+    for i, r in enumerate(broken["records"], 1):
+        r["n"] = i
+    assert _kinds(p, [broken], log_status=dict.fromkeys(F2P + P2P, "FAILED")) == set()
