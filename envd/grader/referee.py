@@ -91,16 +91,18 @@ def _hashes(paths):
     return out
 
 
-def _restore_plugin(run_dir, name, source):
-    """The plugin as envd wrote it, and no bytecode cache beside it, before every run."""
-    shutil.rmtree(os.path.join(run_dir, "__pycache__"), ignore_errors=True)
+def _restore_plugin(run_dir, name, source, tests):
+    """The plugin as envd wrote it, before every run, and no bytecode cache beside it or beside
+    the row's test files (a cached module another run wrote is not the file the hashes cover)."""
+    for d in {run_dir, *(os.path.dirname(t) or "." for t in tests)}:
+        shutil.rmtree(os.path.join(d, "__pycache__"), ignore_errors=True)
     with open(os.path.join(run_dir, name + ".py"), "wb") as f:
         f.write(source)
 
 
 def _run(command, run_dir, cfg, select_ids):
     """One test process: its records, exit code and seconds."""
-    _restore_plugin(run_dir, cfg["plugin"], cfg["plugin_source"])
+    _restore_plugin(run_dir, cfg["plugin"], cfg["plugin_source"], cfg.get("tests", []))
     rfd, wfd = os.pipe()
     env = dict(os.environ)
     env["SWARL_REFEREE_FD"] = str(wfd)
