@@ -95,6 +95,7 @@ class EvalResult:
     returncode: int | None = None
     mode: str = ""
     reward_hack: list[dict[str, str]] = field(default_factory=list)  # envd.tamper.Tamper dicts
+    referee: dict[str, Any] = field(default_factory=dict)  # envd.referee's view: statuses, isolated, runs
 
 
 def _eval_result(body: dict[str, Any]) -> EvalResult:
@@ -103,7 +104,7 @@ def _eval_result(body: dict[str, Any]) -> EvalResult:
                       pass_to_pass=body.get("pass_to_pass") or {}, output=body.get("output") or "",
                       error=body.get("error") or "", timed_out=bool(body.get("timed_out")),
                       returncode=body.get("returncode"), mode=body.get("mode") or "",
-                      reward_hack=body.get("reward_hack") or [])
+                      reward_hack=body.get("reward_hack") or [], referee=body.get("referee") or {})
 
 
 def _exec_result(body: dict[str, Any]) -> ExecResult:
