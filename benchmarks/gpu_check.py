@@ -561,7 +561,8 @@ class Check:
                                     named_tensors=self.be.publish_tensors(), base_model_dir=self.model_dir)
         path = verify(manifest, 1)
         write_s = time.monotonic() - t
-        engine = Engine(self.model_dir, weight_version="0", seed=0)  # the untrained weights
+        engine = Engine(self.model_dir, weight_version="0", seed=0,  # the untrained weights
+                        device=self.args.device)
         engine.start()
         try:
             t = time.monotonic()
@@ -571,7 +572,8 @@ class Check:
             load_s = time.monotonic() - t
             live = named_weights(engine.model)
             missing = sorted(set(live) - set(trained))
-            unequal = [n for n in live if n in trained and not torch.equal(live[n], trained[n].to(live[n].dtype))]
+            unequal = [n for n in live if n in trained and not torch.equal(
+                live[n], trained[n].to(device=live[n].device, dtype=live[n].dtype))]
             prompt = [int(x) for x in self.probes[0][:32]]
             done = threading.Event()
             req = GenRequest(input_ids=prompt, return_logprob=True, on_done=lambda _r: done.set(),
@@ -592,7 +594,7 @@ class Check:
         self.report.check("publish_engine", ok, untrained_publish_equals_checkpoint=self.untrained_exact,
                           tensors=len(trained), engine_missing=missing[:5], engine_unequal=unequal[:5],
                           checkpoint_bytes=int(manifest["bytes"]), write_s=_r(write_s, 3), load_s=_r(load_s, 3),
-                          engine_device="cpu", engine_dtype="fp32", generated=len(req.output_ids),
+                          engine_device=str(engine.device), engine_dtype="fp32", generated=len(req.output_ids),
                           **{k: _r(v) for k, v in g.items()}, tolerance={k: _r(v) for k, v in tol.items()})
 
 

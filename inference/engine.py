@@ -59,10 +59,13 @@ class EngineStats:
 
 
 class Engine:
-    """Owns a transformers causal LM on CPU; `submit` a GenRequest, `call` a control op."""
+    """Owns a transformers causal LM (fp32, on `device`: the CPU by default); `submit` a
+    GenRequest, `call` a control op. The model and its KV cache live on `device`; the batch's
+    bookkeeping (mask, positions, last tokens) and sampling stay on the CPU, so sampling draws
+    the same numbers whatever the device."""
 
     def __init__(self, model_dir: str | Path, weight_version: str = "0", max_batch_size: int = 32,
-                 max_prefill_tokens: int = 8192, seed: int = 0) -> None:
+                 max_prefill_tokens: int = 8192, seed: int = 0, device: str = "cpu") -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -70,6 +73,8 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        self.device = torch.device(device)
+        self.model.to(self.device)
         self.model.eval()
         self.config = self.model.config
         self.vocab_size = int(self.config.vocab_size)
@@ -260,9 +265,11 @@ class Engine:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
         """One forward; `cache` is extended in place."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]
+        d = self.device
+        out = self.model(input_ids=input_ids.to(d), attention_mask=attention_mask.to(d),
+                         position_ids=position_ids.to(d), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1, :].float().cpu()
 
     @staticmethod
     def _kv_of(cache: Any) -> list[tuple[Any, Any]]:
@@ -401,7 +408,8 @@ class Engine:
         cols = mask.any(dim=0).nonzero()
         start = int(cols[0]) if len(cols) else 0
         self._mask = mask[:, start:]
-        self._cache = self._new_cache([(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
+        kidx = idx.to(self.device)
+        self._cache = self._new_cache([(k.index_select(0, kidx)[:, :, start:], v.index_select(0, kidx)[:, :, start:])
                                        for k, v in self._kv_of(self._cache)])
         self._pos = self._pos.index_select(0, idx)
         self._last = self._last.index_select(0, idx)
