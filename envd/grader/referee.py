@@ -42,6 +42,30 @@ def _no_dump():
         return False
 
 
+def _package_names(text):
+    """Names the test file imports from the code under test (a package or module in the
+    repository): each canary mentions one, so that 'tests that use the package' does not tell
+    the canaries from the row's tests."""
+    names = []
+    for mod, group in re.findall(r"^from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]+)", text, re.M):
+        top = mod.split(".")[0]
+        if top and (os.path.isdir(top) or os.path.isdir(os.path.join("src", top)) or os.path.isfile(top + ".py")):
+            names += [w.split()[-1] for w in group.split(",") if w.strip() and w.split()[-1].isidentifier()]
+    for top in re.findall(r"^import[ \t]+(\w+)[ \t]*$", text, re.M):
+        if os.path.isdir(top) or os.path.isdir(os.path.join("src", top)) or os.path.isfile(top + ".py"):
+            names.append(top)
+    return names
+
+
+def _mention(text, names, rng):
+    """`text` (a canary) with a first line that uses one of `names` and cannot fail."""
+    if not names:
+        return text
+    head, _, body = text.partition("\n")
+    name = rng.choice(names)
+    return f"{head}\n    assert {name} is {name}\n{body}"
+
+
 def _insert_canaries(canaries):
     """Each canary before a random top-level test (after a blank line) or at the end, so that
     neither their names nor their place tells them from the tests the test patch added; one
@@ -51,6 +75,7 @@ def _insert_canaries(canaries):
     for path, texts in canaries.items():
         with open(path) as f:
             lines = f.read().split("\n")
+        names = _package_names("\n".join(lines))
         for text in texts:
             m = re.match(r"def (\w+)", text)
             name = m.group(1) if m else ""
@@ -60,7 +85,7 @@ def _insert_canaries(canaries):
             spots = [i for i, line in enumerate(lines)
                      if i and not lines[i - 1].strip() and re.match(r"(def test|class Test)\w*", line)]
             at = rng.choice([*spots, len(lines)])
-            lines[at:at] = ["", "", *text.strip("\n").split("\n"), "", ""]
+            lines[at:at] = ["", "", *_mention(text, names, rng).strip("\n").split("\n"), "", ""]
         with open(path, "w") as f:
             f.write("\n".join(lines).rstrip("\n") + "\n")
     return skipped
