@@ -140,6 +140,9 @@ def write_checkpoint(
                     size = 0
                 shard.append((name, t))
                 size, total = size + n, total + n
+                if size >= shard_bytes:  # full: written now, not held while the next is made
+                    flush()
+                    size = 0
             if shard:
                 flush()
         finally:

@@ -1,10 +1,10 @@
 """A Megatron GPTModel's weights in HF naming, across its ranks: every rank loads its own
 tensor-parallel shard of its own pipeline stage, reading only those rows or columns of the HF
 checkpoint (`HFSource`: safetensors get_slice; a fused qkv or fc1 shard is built from the slices
-of q/k/v or gate/up it needs), and publishing brings the model to global rank 0 one Megatron
+of q/k/v or gate/up it needs), and publishing brings the model to global rank 0 a Megatron
 tensor at a time (tensor-parallel shards gathered on the stage that holds the tensor, then sent
-from that stage to rank 0), never the whole model at once; checkpoints are written from that
-stream in bounded shards (`save_hf_shards`).
+from that stage to rank 0 in buckets), never the whole model at once; checkpoints are written
+from that stream in bounded shards (`save_hf_shards`).
 
 Global Megatron names (hf_megatron_convert.megatron_names) number layers over the whole model;
 a pipeline stage's module numbers its own layers from 0 (`offset` is its first global layer).
@@ -32,6 +32,7 @@ from learner.backends.hf_megatron_convert import (
 
 _LAYERS = "decoder.layers."
 SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
+BUCKET_BYTES = 256 << 20  # a pipeline stage's tensors per message to rank 0 when publishing
 INDEX = "model.safetensors.index.json"
 # tensor-parallel shards joined by rows (torch.cat(shards, 0), hf_megatron_convert.unshard_tp)
 _ROWS_SHARDED = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
@@ -189,11 +190,14 @@ def load_shards(model: Any, src: HFSource, a: Arch, te: bool, padded_vocab: int)
         raise ValueError(f"HF -> megatron: missing {missing}")
 
 
-def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def gather_hf(model: Any, a: Arch, te: bool,
+              bucket_bytes: int = BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
     """COLLECTIVE over every rank of the learner: HF-named CPU tensors on global rank 0 (nothing
     elsewhere). Only data-parallel index 0 takes part (replicas hold the same weights); for each
-    tensor its stage's tensor-parallel ranks gather the shards on their first rank, which sends
-    the full tensor to rank 0 unless it is rank 0."""
+    tensor its stage's tensor-parallel ranks gather the shards on their first rank. Rank 0's own
+    stage hands its tensors out as they are gathered; every other stage's first rank sends its
+    full tensors to rank 0 in buckets (`_Bucket`) of about `bucket_bytes`, so rank 0 holds one
+    bucket (or one tensor larger than that) of another stage at a time."""
     from megatron.core import parallel_state as ps
 
     if ps.get_data_parallel_rank() != 0:
@@ -204,8 +208,12 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
     leader = dist.get_rank() == 0
     own = model.state_dict(keep_vars=True)
     off = layer_offset(model)
-    dev = next(model.parameters()).device
-    for name in megatron_names(a, te):
+    param = next(model.parameters())
+    names = megatron_names(a, te)
+    last_of_stage = {stage_of(n, a, pp_size): n for n in names}
+    outgoing = _Bucket(dist.get_global_rank(pp_group, 0), pp_group, param)
+    incoming: dict[int, list[torch.Tensor]] = {}
+    for name in names:
         owner = stage_of(name, a, pp_size)
         full: torch.Tensor | None = None
         fresh = False  # a tensor of its own (not a view of a live parameter)
@@ -227,18 +235,15 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
                 full, fresh = whole, True
                 del shards, whole  # only the full tensor lives on while it is handed out
             if owner != 0 and full is not None:  # this stage's first tensor-parallel rank
-                dims = [*full.shape, -1][:2]  # Megatron's tensors have 1 or 2 dimensions
-                dist.send(torch.tensor(dims, device=dev), dist.get_global_rank(pp_group, 0), group=pp_group)
-                dist.send(full.contiguous(), dist.get_global_rank(pp_group, 0), group=pp_group)
+                outgoing.add(full)
+                if outgoing.nbytes >= bucket_bytes or name == last_of_stage[owner]:
+                    outgoing.send()
                 full = None
         elif leader:
-            src = dist.get_global_rank(pp_group, owner)
-            shape = torch.zeros(2, dtype=torch.long, device=dev)
-            dist.recv(shape, src, group=pp_group)
-            full = torch.empty(tuple(d for d in shape.tolist() if d >= 0), dtype=next(model.parameters()).dtype,
-                               device=dev)
-            dist.recv(full, src, group=pp_group)
-            fresh = True
+            queue = incoming.setdefault(owner, [])
+            if not queue:
+                queue += _Bucket.receive(dist.get_global_rank(pp_group, owner), pp_group, param)
+            full, fresh = queue.pop(0), True
         if leader and full is not None:
             # to the CPU before converting (no further device memory), copied unless already
             # fresh: the weights at publish time, whatever training does next
@@ -247,6 +252,43 @@ def gather_hf(model: Any, a: Arch, te: bool) -> Iterator[tuple[str, torch.Tensor
         del full
 
 
+class _Bucket:
+    """Full tensors of a pipeline stage on their way to rank 0, several per message (as slime
+    buckets its weight updates): one header (the count), the shapes, then every tensor's data
+    back to back in one flat tensor."""
+
+    def __init__(self, dst: int, group: Any, like: torch.Tensor) -> None:
+        self.dst, self.group, self.device, self.dtype = dst, group, like.device, like.dtype
+        self.tensors: list[torch.Tensor] = []
+        self.nbytes = 0
+
+    def add(self, t: torch.Tensor) -> None:
+        if t.dtype != self.dtype:  # the receiver reads the flat data as the model's dtype
+            raise ValueError(f"publishing: a {t.dtype} tensor in a {self.dtype} model")
+        self.tensors.append(t)
+        self.nbytes += t.numel() * t.element_size()
+
+    def send(self) -> None:
+        dims = [d for t in self.tensors for d in [*t.shape, -1][:2]]  # 1 or 2 dimensions each
+        dist.send(torch.tensor([len(self.tensors)], device=self.device), self.dst, group=self.group)
+        dist.send(torch.tensor(dims, device=self.device), self.dst, group=self.group)
+        flat = torch.cat([t.reshape(-1) for t in self.tensors])
+        self.tensors, self.nbytes = [], 0
+        dist.send(flat, self.dst, group=self.group)
+
+    @staticmethod
+    def receive(src: int, group: Any, like: torch.Tensor) -> list[torch.Tensor]:
+        """One bucket from `src`: its tensors, views of one CPU tensor."""
+        n = torch.zeros(1, dtype=torch.long, device=like.device)
+        dist.recv(n, src, group=group)
+        dims = torch.zeros(2 * int(n), dtype=torch.long, device=like.device)
+        dist.recv(dims, src, group=group)
+        shapes = [tuple(d for d in pair if d >= 0) for pair in dims.view(-1, 2).tolist()]
+        sizes = [int(torch.Size(s).numel()) for s in shapes]
+        flat = torch.empty(sum(sizes), dtype=like.dtype, device=like.device)
+        dist.recv(flat, src, group=group)
+        flat = flat.to("cpu")  # one copy off the device for the whole bucket
+        return [part.view(s) for part, s in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def save_hf_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: Path,
@@ -280,6 +322,9 @@ def save_hf_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: Path,
         shard[name] = t if t.is_contiguous() and t.untyped_storage().nbytes() == n else t.clone(
             memory_format=torch.contiguous_format)
         size, total = size + n, total + n
+        if size >= max_shard_bytes:  # full: written now, not held while the next is gathered
+            flush()
+            size = 0
     if shard:
         flush()
     if not parts:

@@ -3,7 +3,7 @@ checkpoint) on every rank, against the model's size.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         tests/learner/megatron_publish_memory.py --model DIR [--set tensor_parallel=2]
-        [--shard-bytes 524288] [--out FILE]
+        [--shard-bytes 524288] [--bucket-bytes 65536] [--out FILE]
 
 Measured: the bytes a publish allocates beyond what was allocated before it, at their peak —
 torch.cuda.max_memory_allocated on GPU; on CPU torch.profiler's allocator events (every
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--shard-bytes", type=int, default=1 << 19)
+    ap.add_argument("--bucket-bytes", type=int, default=1 << 16)
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -117,6 +118,16 @@ def main() -> None:
             mine = {"rank": ranks.rank, "stream_peak": peak_bytes(stream), "keep_peak": peak_bytes(keep),
                     "save_peak": peak_bytes(lambda: be.save_hf(ckpt)),
                     "shards": sorted(p.name for p in ckpt.glob("*.safetensors"))}
+        # small buckets (many per pipeline stage): rank 0 gets the HF model's own tensors
+        from learner.backends.megatron_backend import load_hf_state
+        from learner.backends.megatron_weights import gather_hf
+
+        got = dict(gather_hf(be.model, be.arch, be.te, bucket_bytes=args.bucket_bytes))
+        if ranks.leader:
+            want = load_hf_state(args.model)
+            mine["bucketed_equal"] = got.keys() == want.keys() and all(
+                torch.equal(got[k], want[k]) for k in want)
+        del got
         # through the command channel, as the learner publishes (learner.trainer)
         from learner.trainer import RankWorker, Trainer, follow
 

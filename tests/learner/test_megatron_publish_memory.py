@@ -58,16 +58,20 @@ def test_publish_peak_is_a_tensor_not_the_model(deep_model: Path, tmp_path: Path
     # this model with three busy processes beside the two ranks). Gathering the model first
     # costs at least the model, so that is the line a publish must stay under.
     assert 0 < leader["stream_peak"] < model
-    # the other rank sends what it already holds (a stage sends each tensor's shape first)
-    assert other["stream_peak"] <= 64 and other["keep_peak"] <= 64
+    # the other rank sends what it already holds; a pipeline stage sends its tensors in buckets
+    # (megatron_weights.BUCKET_BYTES, 256 MB: this model's whole stage), each one flat tensor
+    sends = model // 2 + largest if layout.startswith("pipeline") else 64
+    assert other["stream_peak"] <= sends and other["keep_peak"] <= sends
     # keeping every tensor costs the model's size, so the measure sees what is allocated
     assert model <= leader["keep_peak"] < 2 * model
     # a checkpoint: the shard being filled, and what a publish costs beside it
     shard = r["shard_bytes"]
     assert model > 4 * shard and len(leader["shards"]) >= model // shard
     assert 0 < leader["save_peak"] < model
-    assert other["save_peak"] <= 64 and other["shards"] == []
+    assert other["save_peak"] <= sends and other["shards"] == []
     # the learner's path: the command channel carries a count, not the model (when rank 0's
     # answer was the model, gather_object's pickling and padding cost rank 0 ten times it)
     assert leader["channel_rss"] < model
-    assert other["channel_rss"] < model / 4
+    assert other["channel_rss"] < max(model / 4, sends)
+    # 64 KB buckets, many per stage: the tensors arrive whole and in order
+    assert leader["bucketed_equal"]
