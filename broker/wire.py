@@ -3,9 +3,15 @@ fields, followed by the token arrays as raw little-endian bytes — decoding is 
 of ints would be ~15x slower, and bytes inside msgpack cost a copy each way).
 
 Fields: tokens int32 LE · loss_mask uint8 · rollout_logprobs float32 LE (one per token, 0 where
-the mask is 0) · prompt_len · reward · group_id · sample_index · instance_id · policy_version ·
-weight_versions (one per generate call) · status · step_index / steps_total · metrics ·
-sample_id · episode_id · masked / mask_reason.
+the mask is 0) · token_versions int32 LE (schema 2, optional: the policy version that generated
+each token, -1 for tokens the policy did not generate — prompt, observations, template) ·
+prompt_len · reward · group_id · sample_index · instance_id · policy_version (the oldest
+version of any trained token: the one the staleness bound applies to) · weight_versions (one
+per generate call) · status · step_index / steps_total · metrics · sample_id · episode_id ·
+masked / mask_reason.
+
+Schema 1 (no token_versions) is still read: such a sample's tokens are all taken to be of its
+policy_version.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE = (1, 2)
 STATUSES = ("completed", "truncated", "aborted", "failed")
 
 _I32 = np.dtype("<i4")
@@ -50,14 +57,34 @@ class Sample:
     masked: bool = False
     mask_reason: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    token_versions: np.ndarray | None = None  # per token; None: all of policy_version (schema 1)
 
     def __post_init__(self) -> None:
         self.tokens = np.ascontiguousarray(self.tokens, dtype=_I32)
         self.loss_mask = np.ascontiguousarray(self.loss_mask, dtype=_U8)
         self.rollout_logprobs = np.ascontiguousarray(self.rollout_logprobs, dtype=_F32)
+        if self.token_versions is not None:
+            self.token_versions = np.ascontiguousarray(self.token_versions, dtype=_I32)
         if not self.episode_id:
             self.episode_id = f"{self.group_id}:{self.sample_index}"
         validate(self)
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the oldest trained token (loss_mask 1), never newer than
+        policy_version: the one the staleness bound applies to."""
+        tv = self.token_versions
+        if tv is None:
+            return self.policy_version
+        mine = tv[(self.loss_mask == 1) & (tv >= 0)]
+        return min(self.policy_version, int(mine.min())) if mine.size else self.policy_version
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens of this sample the policy generated (schema 1: its trained tokens)."""
+        if self.token_versions is None:
+            return int(self.loss_mask.sum())
+        return int((self.token_versions >= 0).sum())
 
 
 
@@ -77,6 +104,8 @@ def validate(s: Sample) -> None:
         raise WireError("sample_id: empty")
     if not 0 <= s.step_index < max(s.steps_total, 1):
         raise WireError(f"step_index: {s.step_index} outside [0, steps_total={s.steps_total})")
+    if s.token_versions is not None and s.token_versions.shape != (n,):
+        raise WireError(f"token_versions: length {s.token_versions.shape[0]} != tokens length {n}")
 
 
 MAGIC = b"SWS\x01"
@@ -84,7 +113,8 @@ _HEAD = struct.Struct("<4sI")  # magic, msgpack header length
 
 
 def encode(s: Sample) -> bytes:
-    """MAGIC | u32 header length | msgpack header map | tokens | loss_mask | rollout_logprobs.
+    """MAGIC | u32 header length | msgpack header map | tokens | loss_mask | rollout_logprobs
+    [| token_versions, when the header's "tv" is true].
 
     The arrays follow the map as raw little-endian bytes so that decoding is zero-copy
     (numpy views of the stream entry) and encoding copies each array once."""
@@ -107,11 +137,13 @@ def encode(s: Sample) -> bytes:
             "metrics": {str(k): float(v) for k, v in s.metrics.items()},
             "sample_id": s.sample_id,
             "episode_id": s.episode_id,
+            "tv": s.token_versions is not None,
         },
         use_bin_type=True,
     )
+    tail = (s.token_versions.data,) if s.token_versions is not None else ()
     return b"".join((_HEAD.pack(MAGIC, len(header)), header, s.tokens.data,
-                     s.loss_mask.data, s.rollout_logprobs.data))
+                     s.loss_mask.data, s.rollout_logprobs.data, *tail))
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -156,22 +188,30 @@ def decode(data: bytes) -> Sample:
     if not isinstance(m, dict):
         raise WireError("header: not a msgpack map")
     v = m.get("v")
-    if v != SCHEMA_VERSION:
-        raise WireError(f"v: schema version {v!r} not supported (expected {SCHEMA_VERSION})")
+    if v not in READABLE or isinstance(v, bool):
+        raise WireError(f"v: schema version {v!r} not supported (expected one of {READABLE})")
+    has_tv = m.get("tv", False) if v >= 2 else False
+    if not isinstance(has_tv, bool):
+        raise WireError(f"tv: expected bool, got {type(has_tv).__name__}")
     for name, typ in _TYPES.items():
         if name not in m:
             raise WireError(f"{name}: missing")
         if not isinstance(m[name], typ) or (typ is int and isinstance(m[name], bool)):
             raise WireError(f"{name}: expected {getattr(typ, '__name__', typ)}, got {type(m[name]).__name__}")
     n, off = m["n"], _HEAD.size + hlen
-    if n < 0 or len(data) - off != n * _BYTES_PER_TOKEN:
+    per = _BYTES_PER_TOKEN + (_I32.itemsize if has_tv else 0)
+    if n < 0 or len(data) - off != n * per:
         raise WireError(f"tokens: {len(data) - off} array bytes do not hold n={n} tokens "
-                        f"(need {n * _BYTES_PER_TOKEN}: int32 tokens, uint8 loss_mask, float32 rollout_logprobs)")
+                        f"(need {n * per}: int32 tokens, uint8 loss_mask, float32 rollout_logprobs"
+                        f"{', int32 token_versions' if has_tv else ''})")
     # frombuffer: zero-copy, read-only views of the entry (training copies into tensors).
     tokens = np.frombuffer(data, _I32, n, off)
     loss_mask = np.frombuffer(data, _U8, n, off + 4 * n)
     logprobs = np.frombuffer(data, _F32, n, off + 5 * n)
+    token_versions = np.frombuffer(data, _I32, n, off + 9 * n) if has_tv else None
     _check_values(m, tokens, loss_mask, logprobs)
+    if token_versions is not None and token_versions.size and int(token_versions.min()) < -1:
+        raise WireError(f"token_versions: {int(token_versions.min())} (expected -1 or a version >= 0)")
     return Sample(
         tokens=tokens, loss_mask=loss_mask, rollout_logprobs=logprobs,
         prompt_len=m["prompt_len"], reward=float(m["reward"]), group_id=m["group_id"],
@@ -179,5 +219,5 @@ def decode(data: bytes) -> Sample:
         policy_version=m["policy_version"], weight_versions=list(m["weight_versions"]),
         status=m["status"], step_index=m["step_index"], steps_total=m["steps_total"],
         masked=m["masked"], mask_reason=m["mask_reason"], metrics={k: float(v) for k, v in m["metrics"].items()},
-        sample_id=m["sample_id"], episode_id=m["episode_id"],
+        sample_id=m["sample_id"], episode_id=m["episode_id"], token_versions=token_versions,
     )

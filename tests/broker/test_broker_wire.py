@@ -105,3 +105,36 @@ def test_constructor_validates():
         make_sample(4, loss_mask=[1, 1])
     with pytest.raises(WireError, match="prompt_len"):
         make_sample(4, prompt_len=9)
+
+
+def test_token_versions_round_trip_and_the_oldest_trained_token():
+    # prompt (-1), a turn at 3 masked out (a format error), a trained turn at 4, one at 5
+    s = make_sample(8, loss_mask=[0, 0, 0, 0, 1, 1, 1, 0], policy_version=4,
+                    token_versions=[-1, -1, 3, 3, 4, 4, 5, -1])
+    d = decode(encode(s))
+    assert d.token_versions is not None and d.token_versions.tolist() == s.token_versions.tolist()
+    assert d.oldest_version == 4  # the masked turn at 3 is not trained
+    assert d.generated_tokens == 5
+    # a policy_version older than every token still bounds it (never younger than either)
+    assert decode(encode(make_sample(8, policy_version=2, token_versions=[5] * 8))).oldest_version == 2
+    assert decode(encode(make_sample(8, token_versions=[1] * 8))).oldest_version == 1
+
+
+def test_a_schema_1_sample_is_still_read_as_all_of_its_policy_version():
+    m, arrays = split(encode(make_sample(4)))
+    m["v"] = 1
+    m.pop("tv")
+    d = decode(join(m, arrays))
+    assert d.token_versions is None and d.oldest_version == 3 and d.generated_tokens == 2
+    with pytest.raises(WireError, match="schema version 3"):
+        decode(join({**m, "v": 3}, arrays))
+
+
+def test_bad_token_versions_are_refused_naming_the_field():
+    with pytest.raises(WireError, match="token_versions: length 3"):
+        make_sample(4, token_versions=[0, 0, 0])
+    m, arrays = split(encode(make_sample(4, token_versions=[0] * 4)))
+    with pytest.raises(WireError, match="token_versions: -7"):
+        decode(join(m, arrays[:-16] + np.array([0, 0, -7, 0], "<i4").tobytes()))
+    with pytest.raises(WireError, match="int32 token_versions"):
+        decode(join(m, arrays[:-4]))
