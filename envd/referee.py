@@ -76,7 +76,8 @@ class RefereePlan:
     canaries: list[Canary]
     isolate: dict[str, list[str]]    # FAIL_TO_PASS id -> canary ids run beside it alone
     watch: list[str]                 # non-test files the patch changed (audit attribution)
-    tests: list[str]                 # the row's test files
+    tests: list[str]                 # the row's test files (hashed)
+    modules: list[str] = field(default_factory=list)  # the test modules its ids name (reading them is audited)
 
     @property
     def run_dir(self) -> str:
@@ -88,7 +89,7 @@ class RefereePlan:
         for c in self.canaries:
             by_path.setdefault(c.path, []).append(c.text)
         cfg = {"key": self.key.hex(), "plugin": self.plugin, "canaries": by_path, "isolate": self.isolate,
-               "watch": self.watch, "tests": self.tests}
+               "watch": self.watch, "tests": self.tests, "modules": self.modules}
         return {f"{self.run_dir}/referee.py": REFEREE_FILE.read_bytes(),
                 f"{self.run_dir}/{self.plugin}.py": PLUGIN_FILE.read_bytes(),
                 f"{self.run_dir}/run.json": json.dumps(cfg).encode()}
@@ -155,7 +156,8 @@ def plan(inst: dict[str, Any], patch: str, script: str, rng: random.Random | Non
     watch = [w for w in watch if not any(f"/{pkg}" in f"/{w}" for pkg in RUNNER_PACKAGES)]
     return RefereePlan(token=secrets.token_hex(8), key=secrets.token_bytes(32),
                        plugin="_pt" + secrets.token_hex(6), canaries=canaries, isolate=isolate,
-                       watch=watch, tests=tests)
+                       watch=watch, tests=tests,
+                       modules=sorted({t.split("::", 1)[0] for t in f2p + p2p if "::" in t}))
 
 
 def _strip_ab(path: str) -> str:

@@ -10,7 +10,7 @@ package under test. It writes one JSON record a line to a pipe the referee proce
 - `call`: whether the test function itself raised, from the innermost pytest_pyfunc_call wrapper
   (a plain test function whose call phase has no such record never ran);
 - `audit`: a sensitive operation (tracing, gc walks, frame access, listing /proc, reading the
-  tests or the grader's files) whose nearest caller outside the standard library is a file the
+  test modules or the grader's files) whose nearest caller outside the standard library is a file the
   patch changed; the audit hook cannot be removed and reports before the operation returns;
 - `finish`: the session's exit status.
 
@@ -106,6 +106,7 @@ _unlist_self()
 _fd[0] = _take_fd()
 _WATCH = tuple(p for p in _list_env("SWARL_REFEREE_WATCH") if p)
 _TESTS = tuple(p for p in _list_env("SWARL_REFEREE_TESTS") if p)
+_MODULES = tuple(p for p in _list_env("SWARL_REFEREE_MODULES") if p)  # the test modules the ids name
 _SELECT = _list_env("SWARL_REFEREE_SELECT")
 _ROOT = os.getcwd()
 _STDLIB = os.path.dirname(os.__file__) + os.sep
@@ -157,7 +158,7 @@ def _sensitive_path(path):
     if path.startswith("/tmp/swarl") or path.rstrip("/") == "/proc" or _PROC.search(path):
         return True
     full = path if os.path.isabs(path) else os.path.join(_ROOT, path)
-    return any(full == os.path.join(_ROOT, t) for t in _TESTS)
+    return any(full == os.path.join(_ROOT, t) for t in _MODULES)
 
 
 def _audit(event, args):

@@ -134,6 +134,7 @@ def _run(command, run_dir, cfg, select_ids):
     env["SWARL_REFEREE_FD"] = str(wfd)
     env["SWARL_REFEREE_WATCH"] = json.dumps(cfg.get("watch", []))
     env["SWARL_REFEREE_TESTS"] = json.dumps(cfg.get("tests", []))
+    env["SWARL_REFEREE_MODULES"] = json.dumps(cfg.get("modules", []))
     if select_ids:
         env["SWARL_REFEREE_SELECT"] = json.dumps(select_ids)
     plugins = [p for p in env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
