@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 log = get_logger("inference")
 
+NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requests are still running "
+               "or queued. Retract or finish them, then call /flush_cache.")
 PAUSE_OK = {"message": "Generation paused successfully.", "status": "ok"}
 CONTINUE_OK = {"message": "Generation continued successfully.", "status": "ok"}
 GROUP_JOIN_TIMEOUT_S = 300.0
@@ -267,8 +269,16 @@ class CpuServer:
         self.version_changed.set()
         log.info("weights_updated", source="disk", path=req.model_path, version=self.engine.weight_version,
                  seconds=round(time.monotonic() - t0, 3))
+        if req.flush_cache and not await self._flushable():
+            return 400, {"success": False, "message": NOT_FLUSHED, "num_paused_requests": n}
         return 200, {"success": True, "message": "Succeeded to update model weights.",
                      "num_paused_requests": n}
+
+    async def _flushable(self) -> bool:
+        """As SGLang 0.5.23 after a weight update with flush_cache: the cache the old weights made
+        cannot be flushed while requests hold it (paused in_place); the update call then fails,
+        the new weights loaded. Retracted requests gave theirs back."""
+        return not await self.engine.acall(lambda: self.engine.held)
 
     def init_group(self, req: S.InitWeightsUpdateGroupReq) -> tuple[int, dict[str, Any]]:
         if req.group_name in self.groups:
@@ -353,6 +363,8 @@ class CpuServer:
         self.version_changed.set()
         log.info("weights_updated", source="distributed", tensors=len(req.names),
                  ranks=len(per_rank), version=self.engine.weight_version)
+        if req.flush_cache and not await self._flushable():
+            return 400, {"success": False, "message": NOT_FLUSHED}
         return 200, {"success": True, "message": "Succeeded to update parameter online."}
 
     async def destroy_group(self, name: str) -> tuple[int, dict[str, Any]]:

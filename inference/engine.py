@@ -56,6 +56,7 @@ class EngineStats:
     requests_finished: int = 0
     tokens_generated: int = 0
     weight_updates: int = 0
+    retracted: int = 0  # requests put back in the queue by pause_generation(retract)
 
 
 class Engine:
@@ -95,7 +96,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = EngineStats()
         self.paused = False
-        self._hold_running = False  # pause in_place/retract: keep requests, stop stepping
+        self._hold_running = False  # pause in_place: keep the running batch, stop stepping
         self._waiting: collections.deque[GenRequest] = collections.deque()
         self._running: list[GenRequest] = []
         self._ops: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
@@ -166,8 +167,12 @@ class Engine:
         return n
 
     def pause(self, mode: str = "abort") -> int:
-        """abort: end in-flight requests with finish_reason abort; in_place/retract: keep
-        them, stop stepping. Either way new requests wait until `resume`."""
+        """SGLang 0.5.23's three modes; either way new requests wait until `resume`.
+        abort: end in-flight requests with finish_reason abort (their tokens so far returned).
+        in_place: keep them in the running batch with their KV cache, stop stepping (a cache
+        flush then fails: `held`). retract: put them back at the head of the queue, their KV
+        cache dropped; on `resume` each is prefilled again with its prompt and the tokens it
+        has generated, under the weights then loaded, and goes on generating."""
         self.paused = True
         if mode == "abort":
             n = 0
@@ -176,8 +181,20 @@ class Engine:
                 n += 1
             self._compact()
             return n
+        if mode == "retract":
+            back = [r for r in self._running if r.finish_reason is None]
+            self._running, self._cache, self._mask, self._pos, self._last = [], None, None, None, None
+            with self._cv:
+                self._waiting.extendleft(reversed(back))
+            self.stats.retracted += len(back)
+            return 0
         self._hold_running = True
         return 0
+
+    @property
+    def held(self) -> int:
+        """Requests kept in the running batch (pause in_place): their KV cache is in use."""
+        return len(self._running)
 
     def resume(self) -> None:
         self.paused = False
@@ -249,7 +266,7 @@ class Engine:
                 longest = longest2
         ready = []
         for req in admit:
-            if req.max_new_tokens == 0:
+            if req.max_new_tokens == 0 and not req.output_ids:
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 ready.append(req)
@@ -278,12 +295,14 @@ class Engine:
     def _prefill(self, reqs: list[GenRequest]) -> None:
         import torch
 
-        lens = [len(r.input_ids) for r in reqs]
+        # a retracted request is prefilled with the tokens it generated before it was put back
+        seqs = [r.input_ids + r.output_ids for r in reqs]
+        lens = [len(q) for q in seqs]
         t = max(lens)
         ids = torch.zeros((len(reqs), t), dtype=torch.long)
         mask = torch.zeros((len(reqs), t), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, t - lens[i]:] = torch.tensor(r.input_ids, dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, t - lens[i]:] = torch.tensor(q, dtype=torch.long)
             mask[i, t - lens[i]:] = 1
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = self._new_cache()

@@ -102,3 +102,28 @@ def test_a_sampling_seed_repeats_its_completion_whatever_runs_beside_it(engine):
     assert beside[1].output_ids == alone.output_ids
     others = run(engine, [GenRequest(PROMPT, params(s)) for s in range(43, 49)])
     assert any(o.output_ids != alone.output_ids for o in others)  # another seed, another draw
+
+
+def test_a_retracted_request_goes_on_where_it_stopped(engine):
+    """pause(retract) drops the running batch's KV cache and queues its requests again; on resume
+    each is prefilled with its prompt and its tokens so far: with the same weights the greedy
+    completion is the one it would have been without the pause."""
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    (whole,) = run(engine, [GenRequest(PROMPT, params)])
+    r = GenRequest(PROMPT, params)
+    ev = threading.Event()
+    r.on_done = lambda _r: ev.set()
+    engine.submit(r)
+    while len(r.output_ids) < 5:
+        threading.Event().wait(0.005)
+    before = engine.stats.retracted
+    engine.call(lambda: engine.pause("retract")).result(10)
+    n = len(r.output_ids)
+    assert engine.num_running == 0 and engine.held == 0 and engine.num_waiting == 1
+    threading.Event().wait(0.2)
+    assert len(r.output_ids) == n < 40 and r.finish_reason is None  # queued, not stepped
+    engine.call(engine.resume).result(10)
+    assert ev.wait(30)
+    assert engine.stats.retracted == before + 1
+    assert r.output_ids == whole.output_ids and r.finish_reason == {"type": "length", "length": 40}
+    assert r.output_logprobs == pytest.approx(whole.output_logprobs, abs=1e-4)

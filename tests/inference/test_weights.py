@@ -252,3 +252,49 @@ async def test_weight_update_sessions_as_sglang(client):
         assert (await client.generate(PROMPT, GREEDY)).completion_tokens == 16
     finally:
         assert await client.end_weight_update() == {"success": True, "message": "Success"}
+
+
+async def _running(client: SGLangClient) -> None:
+    for _ in range(500):
+        if (await client.get_server_info())["internal_states"][0]["num_running"]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the request never ran")
+
+
+async def test_a_retracted_request_finishes_under_the_weights_loaded_while_paused(client, tiny_model_dir,
+                                                                                   other_model):
+    """In-flight mode's update (weight_sync.coordinator.PAUSE_MODE): pause retract, load, continue;
+    the request is not cut, it goes on under the new weights and answers their version. The same
+    with in_place fails the update's cache flush, as in SGLang 0.5.23."""
+    from inference.cpu_server import NOT_FLUSHED
+
+    assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version="0"))["success"]
+    n = 120
+    greedy = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+    base = await client.generate(PROMPT, greedy)
+    other_start = (await client.update_weights_from_disk(str(other_model), weight_version="1"))
+    assert other_start["success"]
+    other = await client.generate(PROMPT, greedy)
+    assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version="0"))["success"]
+
+    task = asyncio.create_task(client.generate(PROMPT, greedy))
+    await _running(client)
+    await client.pause_generation("retract")
+    ok = await client.update_weights_from_disk(str(other_model), weight_version="5")  # skips the lock
+    assert ok["success"] is True, ok
+    await client.continue_generation()
+    res = await asyncio.wait_for(task, 60)
+    assert res.finish_reason == {"type": "length", "length": n} and res.weight_version == "5"
+    k = next(i for i, (a, b) in enumerate(zip(res.output_ids, base.output_ids, strict=True)) if a != b)
+    assert k >= 1 and res.output_ids != other.output_ids  # started on the old weights, ended on the new
+
+    task = asyncio.create_task(client.generate(PROMPT, {**greedy, "max_new_tokens": 100_000}))
+    await _running(client)
+    await client.pause_generation("in_place")
+    held = await client.update_weights_from_disk(str(tiny_model_dir), weight_version="6")
+    assert held["success"] is False and held["message"] == NOT_FLUSHED
+    await client.continue_generation()
+    await client.abort_request(abort_all=True)
+    assert (await asyncio.wait_for(task, 30)).finish_reason["type"] == "abort"
+    assert (await client.update_weights_from_disk(str(tiny_model_dir), weight_version="0"))["success"]
