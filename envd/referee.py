@@ -40,7 +40,7 @@ from typing import Any
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
 from envd.swe_eval import END_TEST_OUTPUT, REAP_OTHERS, START_TEST_OUTPUT
-from envd.tamper import RUNNER_PACKAGES, Tamper, patch_files, row_test_files
+from envd.tamper import RUNNER_PACKAGES, Tamper, row_test_files
 
 __all__ = ["MAX_ISOLATED", "Canary", "RefereePlan", "Verdict", "judge", "plan", "test_status"]
 
@@ -75,7 +75,7 @@ class RefereePlan:
     plugin: str                      # the plugin's module name this run
     canaries: list[Canary]
     isolate: dict[str, list[str]]    # FAIL_TO_PASS id -> canary ids run beside it alone
-    watch: list[str]                 # non-test files the patch changed (audit attribution)
+    watch: dict[str, list[int]]      # non-test Python files the patch changed -> its added lines (audit)
     tests: list[str]                 # the row's test files (hashed)
     modules: list[str] = field(default_factory=list)  # the test modules its ids name (reading them is audited)
 
@@ -149,19 +149,40 @@ def plan(inst: dict[str, Any], patch: str, script: str, rng: random.Random | Non
         if mine:
             isolate[t] = [next(c.test_id for c in mine if not c.must_pass), next(c.test_id for c in mine if c.must_pass)]
     tests = sorted(row_test_files(inst))
-    watch = sorted({_strip_ab(p) for fp in patch_files(patch) for p in fp.paths
-                    if p != "/dev/null" and p.endswith(".py") and _strip_ab(p) not in tests})
+    watch = {path: lines for path, lines in added_lines(patch).items()
+             if path.endswith(".py") and path not in tests and lines
+             and not any(f"/{pkg}" in f"/{path}" for pkg in RUNNER_PACKAGES)}
     if inst.get("repo") == "pytest-dev/pytest":  # the runner is the package under test: its code does all this
-        watch = []
-    watch = [w for w in watch if not any(f"/{pkg}" in f"/{w}" for pkg in RUNNER_PACKAGES)]
+        watch = {}
     return RefereePlan(token=secrets.token_hex(8), key=secrets.token_bytes(32),
                        plugin="_pt" + secrets.token_hex(6), canaries=canaries, isolate=isolate,
                        watch=watch, tests=tests,
                        modules=sorted({t.split("::", 1)[0] for t in f2p + p2p if "::" in t}))
 
 
-def _strip_ab(path: str) -> str:
-    return path[2:] if path[:2] in ("a/", "b/") else path
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def added_lines(patch: str) -> dict[str, list[int]]:
+    """{file the patch leaves: the numbers, in the new file, of the lines it adds}: the audit
+    hook blames only these (code the file had before is the package's own)."""
+    out: dict[str, list[int]] = {}
+    cur: list[int] | None = None
+    n = 0
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            cur = None
+        elif line.startswith("+++ "):
+            path = line[4:].strip().split("\t")[0]
+            cur = None if path == "/dev/null" else out.setdefault(path[2:] if path.startswith("b/") else path, [])
+        elif (m := _HUNK.match(line)) is not None:
+            n = int(m.group(1))
+        elif cur is not None and line[:1] == "+":
+            cur.append(n)
+            n += 1
+        elif line[:1] in (" ", ""):
+            n += 1
+    return out
 
 
 def _canary(path: str, must_pass: bool, stems: list[str], taken: set[str], rng: random.Random) -> Canary:

@@ -104,7 +104,16 @@ _PID = os.getpid()
 _CONFIG = []  # type: list
 _unlist_self()
 _fd[0] = _take_fd()
-_WATCH = tuple(p for p in _list_env("SWARL_REFEREE_WATCH") if p)
+def _watch_env():
+    """{patched file: the line numbers the patch added to it}."""
+    try:
+        raw = json.loads(os.environ.pop("SWARL_REFEREE_WATCH", "") or "{}")
+        return dict((str(k), frozenset(int(n) for n in v)) for k, v in raw.items() if k)
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+_WATCH = _watch_env()
 _TESTS = tuple(p for p in _list_env("SWARL_REFEREE_TESTS") if p)
 _MODULES = tuple(p for p in _list_env("SWARL_REFEREE_MODULES") if p)  # the test modules the ids name
 _SELECT = _list_env("SWARL_REFEREE_SELECT")
@@ -125,9 +134,10 @@ _PROC = re.compile(r"^/proc/(self|\d+|thread-self)(/task/\d+)?/(fd|fdinfo|mem|en
 _FRAME_ATTRS = frozenset(["tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"])
 
 
-def _patched(filename):
-    for rel in _WATCH:
-        if filename == rel or filename.endswith(os.sep + rel):
+def _patched(filename, lineno):
+    """The patched file `filename` is, if the line is one the patch added."""
+    for rel, lines in _WATCH.items():
+        if (filename == rel or filename.endswith(os.sep + rel)) and lineno in lines:
             return rel
     return None
 
@@ -142,7 +152,7 @@ def _culprit(direct):
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(_STDLIB) or name.startswith("<") or name == _HERE):
-            rel = _patched(name)
+            rel = _patched(name, frame.f_lineno)
             return (rel, frame.f_lineno) if rel else None
         if direct:
             return None

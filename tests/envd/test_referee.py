@@ -16,7 +16,7 @@ from typing import Any
 from test_tamper import read_lite
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
-from envd.referee import STARTED, RefereePlan, judge, plan, signed_body, strip_signed
+from envd.referee import STARTED, RefereePlan, added_lines, judge, plan, signed_body, strip_signed
 from envd.rows import listed_tests
 from envd.swe_eval import eval_script_for, frame_script
 from envd.tasks import load_tasks
@@ -90,7 +90,8 @@ def test_the_plan_hides_canaries_among_the_row_tests() -> None:
         ast.parse(c.text)
         assert c.text.startswith(f"def {c.test_id.split('::')[1]}():")
     assert set(p.isolate) == set(F2P) and all(len(v) == 2 for v in p.isolate.values())
-    assert p.watch == ["invoicekit/items.py"] and "tests/test_items.py" in p.tests
+    assert p.watch == {"invoicekit/items.py": [26]} and "tests/test_items.py" in p.tests  # the line the fix adds
+    assert p.modules == ["tests/test_items.py"]
     # nothing of the run (names, key) is in the script the container can read
     script = frame_script(p.wrap(eval_script_for(TASK)))
     assert all(c.test_id.split("::")[1] not in script for c in p.canaries) and p.key.hex() not in script
@@ -101,6 +102,14 @@ def test_the_plan_hides_canaries_among_the_row_tests() -> None:
     assert json.loads(files[f"{p.run_dir}/run.json"])["key"] == p.key.hex()
     assert files[f"{p.run_dir}/{p.plugin}.py"] == PLUGIN_FILE.read_bytes()
     assert _plan(seed=1).canaries != p.canaries and _plan(seed=1).key != p.key
+
+
+def test_the_audit_blames_only_added_lines() -> None:
+    patch = ("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -3,4 +3,5 @@ def f():\n"
+             " a = 1\n-b = 2\n+b = 3\n+c = 4\n d = 5\n@@ -20,2 +21,3 @@\n x\n+y\n z\n"
+             "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1,2 @@\n+p\n+q\n"
+             "diff --git a/gone.py b/gone.py\ndeleted file mode 100644\n--- a/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n")
+    assert added_lines(patch) == {"pkg/m.py": [4, 5, 22], "new.py": [1, 2]}
 
 
 def test_only_pytest_commands_are_refereed() -> None:
