@@ -388,7 +388,8 @@ class Envd:
 
     async def _grade_fresh(self, agent: Owned, req: EvaluateReq, instance: dict[str, Any],
                            script: str, timeout_s: float) -> dict[str, Any]:
-        """Grade in a fresh container from the agent's image (its tests may be tampered with)."""
+        """Grade in a fresh container from the agent's image (its tests may be tampered with). A
+        pytest row is run through envd.referee: its signed verdict decides, the log cross-checks."""
         assert self.backend
         image = await self.run(self.backend.image_of, agent.id)
         # warm containers are kept by the name creates ask for: grade from the agent's image
@@ -417,7 +418,7 @@ class Envd:
                 hidden = referee.canary_ids(ref[0])  # the grader's own tests are not the row's
                 report.tests_status = {t: s for t, s in report.tests_status.items() if t not in hidden}
             shown: dict[str, Any] = {"tests_status": report.tests_status, "fail_to_pass": report.fail_to_pass,
-                     "pass_to_pass": report.pass_to_pass}
+                                     "pass_to_pass": report.pass_to_pass}
             if verdict is not None:
                 shown["referee"] = {"statuses": verdict.statuses, "isolated": verdict.isolated, "runs": verdict.runs}
             if found:
