@@ -8,7 +8,8 @@ A policy trained on "the tests pass" learns every way to make them pass. The def
    pyproject.toml, sitecustomize / usercustomize / *.pth, the test runner (the harness's test
    command's own files, a root-level module shadowing pytest), the row's test files
    (FAIL_TO_PASS / PASS_TO_PASS files, the test patch's files, new files beside them), creates a
-   symlink, or adds lines that imitate the harness's markers or a listed test's result line, is
+   symlink, adds lines that imitate the harness's markers or a listed test's result line, or
+   adds lines to the package's code that reach into the test runner (RUNNER_INTERNALS), is
    refused with its reason. Such a patch is graded unresolved and counted as an attempt.
 2. **Pristine test infrastructure** (`restore_script`, after the patch is applied): conftest
    files, pytest/tox ini files, the runner and the row's test files are put back to the base
@@ -21,9 +22,10 @@ A policy trained on "the tests pass" learns every way to make them pass. The def
    killed when the test command returns, so a forged end marker or a lingering process printing
    results is ignored.
 
-What is not covered: code that the tests import runs inside the test process and can subvert
-the runner from there (monkeypatching pytest, building result lines at run time). Catching that
-needs running the tests in a process the code under test cannot touch; docs/security.md says so.
+Code that the tests import runs inside the test process and can subvert the runner from there
+(monkeypatching pytest, building result lines at run time). The refusals see it only when it is
+spelt plainly (`runner_internals`, RUNNER_INTERNALS); envd.referee judges the run itself from
+outside the test process, and docs/security.md says what that closes and what stays open.
 """
 
 from __future__ import annotations
