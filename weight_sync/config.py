@@ -18,6 +18,15 @@ class WeightSyncConfig(Section):
         "load from it, and so does a server whose registered meta is missing or invalid (its "
         "tensor-parallel size, the size of its group, is unknown).",
     )
+    rollout_mode: Literal["pinned", "in-flight"] = Field(
+        "pinned",
+        description="pinned: an episode keeps one server at one version from its first turn to "
+        "its last; a server is updated once its pinned episodes have ended (draining). in-flight: "
+        "a server is updated without draining (generation paused in SGLang's retract mode, the "
+        "version loaded, generation continued): running episodes go on under the new weights, each "
+        "turn records the version that produced it, and the staleness bound applies to a sample's "
+        "oldest trained token. See docs/weight_sync.md, 'Rollout modes'.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="Distributed backend: auto = nccl when the learner has CUDA "
         "(torch.cuda.is_available(); each bucket is moved to its GPU before the broadcast), else gloo.",

@@ -14,6 +14,12 @@ max_updating 1 the newest version reached its first server 5-13 s after publicat
 max_staleness 2, and every episode pinned meanwhile started a version behind). Of the servers that
 cost capacity, the fewest pins go first: their drain is the shortest.
 
+weight_sync.rollout_mode in-flight: no drain. A server behind is set "updating" (no new pins),
+its generation paused (PAUSE_MODE, below: its running requests wait, none is cut), the version
+loaded through the transport and checked, generation continued (on every way out, bounded).
+Episodes pinned to it go on under the new version; their actors record the version of every turn.
+max_updating and min_ready bound the servers paused at once as they bound drains.
+
 Which transport (weight_sync/transports/): a ready server behind the version held in memory gets
 it over its distributed group; every other server (one that registers or restarts, one whose
 update failed, every server with the disk transport) loads the newest verified checkpoint; while
@@ -48,6 +54,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +77,12 @@ from weight_sync.transports.disk import DiskTransport
 from weight_sync.transports.distributed import DistributedTransport, Snapshot
 
 log = get_logger("weight_sync")
+
+# In-flight mode pauses a server around its load with SGLang 0.5.23's "retract": its running
+# requests go back to the queue and stay there (none is cut), their KV cache is dropped and made
+# again under the new weights when generation continues. "in_place" keeps the old KV cache, and
+# the update's flush_cache then fails the call; "abort" would cut every running turn.
+PAUSE_MODE = "retract"
 
 
 @dataclass
@@ -121,7 +134,7 @@ class Coordinator:
         self.metrics: dict[str, float] = {
             "updates_ok": 0, "updates_failed": 0, "drain_timeouts": 0,
             "episodes_version_changed": 0, "bytes_sent": 0, "versions_refused": 0,
-            "versions_deleted": 0, "servers_meta_invalid": 0,
+            "versions_deleted": 0, "servers_meta_invalid": 0, "paused_s": 0.0, "pause_max_s": 0.0,
         }
         self._wake = asyncio.Event()
         self._unseen_offer: int | None = None  # offered, not yet looked at by a step
@@ -302,7 +315,8 @@ class Coordinator:
                 return
             client = self._client(s)
             touched = True
-            if serving:
+            in_flight = serving and self.cfg.rollout_mode == "in-flight"
+            if serving and not in_flight:
                 await self.servers.set_state(s.id, "draining", version=s.version, lease_s=self.cfg.lease_s)
                 result.drain_s, result.pins_at_update = await self._drain(s.id)
             async with self._loads:  # at most max_updating loads at once
@@ -318,9 +332,12 @@ class Coordinator:
                 try:
                     await self.servers.set_state(s.id, "updating", version=s.version,
                                                  lease_s=self.cfg.lease_s)
-                    async with asyncio.timeout(self.cfg.update_timeout_s):
-                        result.bytes = await transport.load(s, client, target, payload)
-                    got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
+                    async with self._paused(s.id, client, in_flight):
+                        if in_flight:
+                            result.pins_at_update = await self.servers.pin_count(s.id)
+                        async with asyncio.timeout(self.cfg.update_timeout_s):
+                            result.bytes = await transport.load(s, client, target, payload)
+                        got = await asyncio.wait_for(client.get_weight_version(), self.cfg.verify_timeout_s)
                     if transport.sets_version and str(got) != str(target):
                         raise RuntimeError(f"server reports weight_version {got!r} after the update, "
                                            f"expected {target!r}")
@@ -357,6 +374,31 @@ class Coordinator:
                 self.history.append(result)
                 await self._record(result)
             self._wake.set()
+
+    @contextlib.asynccontextmanager
+    async def _paused(self, sid: str, client: ServerClient, pause: bool) -> AsyncIterator[None]:
+        """In-flight mode: generation paused around the load (PAUSE_MODE, see the module doc),
+        continued on every way out. The pause is bounded by verify_timeout_s; a server that does
+        not continue within it fails the update (it would otherwise stay paused)."""
+        if not pause:
+            yield
+            return
+        t0 = time.monotonic()
+        await asyncio.wait_for(client.pause_generation(PAUSE_MODE), self.cfg.verify_timeout_s)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            try:
+                await asyncio.shield(asyncio.wait_for(client.continue_generation(), self.cfg.verify_timeout_s))
+            except Exception as e:
+                log.error("continue_generation_failed", server=sid, error=repr(e))
+                if ok:
+                    raise RuntimeError(f"continue_generation failed after the load: {e!r}") from e
+            paused_s = time.monotonic() - t0
+            self.metrics["paused_s"] += paused_s
+            self.metrics["pause_max_s"] = max(self.metrics["pause_max_s"], paused_s)
 
     async def _failed(self, s: ServerInfo, transport: Transport[Any], target: int, serving: bool,
                       result: UpdateResult, e: Exception) -> None:
