@@ -32,7 +32,7 @@ from learner.backends.hf_megatron_convert import (
 
 _LAYERS = "decoder.layers."
 SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default (max_shard_size="5GB")
-BUCKET_BYTES = 256 << 20  # a pipeline stage's tensors per message to rank 0 when publishing
+BUCKET_BYTES = 64 << 20  # a pipeline stage's tensors per message to rank 0 when publishing
 INDEX = "model.safetensors.index.json"
 # tensor-parallel shards joined by rows (torch.cat(shards, 0), hf_megatron_convert.unshard_tp)
 _ROWS_SHARDED = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
