@@ -86,10 +86,14 @@ class Agent:
     def __init__(self, cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder,
                  policy: Policy, env: Env, pinned_version: int | None = None,
                  rid_prefix: str = "", judge: StepJudge | None = None,
-                 sampling_seed: int | None = None) -> None:
+                 sampling_seed: int | None = None, follow_updates: bool = False) -> None:
         self.cfg, self.t, self.enc, self.policy, self.env = cfg, templates, encoder, policy, env
         self.judge = judge  # a PRM judging each executed step in the background
         self.pinned = pinned_version
+        # weight_sync.rollout_mode in-flight: the server may load a newer version between or
+        # during turns; each turn records the oldest version that may have produced it (below)
+        self.follow_updates = follow_updates
+        self._reported = pinned_version  # the version the server answered last (or was pinned at)
         self.rid_prefix = rid_prefix
         # one seed for every turn: the server draws from (seed, token position), so an episode
         # replayed over the same prefix makes the same draws
@@ -167,15 +171,34 @@ class Agent:
         self.conv.add_answer(gen.ids, gen.logprobs, stopped)
         text = gen.text if gen.text is not None else self.enc.tok.decode(gen.ids, skip_special_tokens=True)
         rec = StepRecord(view.ids, list(gen.ids), list(gen.logprobs), self.conv.blocks[-1].closing,
-                         gen.finish, gen.weight_version, view.n_omitted, text, model_time=dt)
+                         gen.finish, self._turn_version(gen), view.n_omitted, text, model_time=dt)
         self.steps.append(rec)
         self.messages.append({"role": "assistant", "content": text})
         return rec
 
+    def _turn_version(self, gen: Generation) -> str:
+        """The version a turn is recorded at. Pinned: the server's (checked equal to the pin).
+        In-flight: a turn's tokens were made by versions from the one the server had when the
+        turn began — at least the one it answered last — to the one it answers now (an update
+        while the request waited retracted); both are known, not the split, so the turn counts
+        as the older: a sample's staleness is never understated."""
+        if not self.follow_updates:
+            return gen.weight_version
+        try:
+            now = int(gen.weight_version)
+        except ValueError:
+            raise InfraError("weight_version_unknown", f"the server answered weight_version "
+                             f"{gen.weight_version!r}, not a policy version") from None
+        before = self._reported if self._reported is not None else now
+        self._reported = now
+        return str(min(before, now))
+
     def _check(self, gen: Generation) -> None:
         if gen.finish == "abort":
             raise InfraError("generation_aborted", "the server aborted the request")
-        if self.pinned is not None and str(gen.weight_version) != str(self.pinned):
+        if self.follow_updates:
+            pass  # the version may move under the episode: recorded per turn (_turn_version)
+        elif self.pinned is not None and str(gen.weight_version) != str(self.pinned):
             raise InfraError("weight_version_mismatch",
                              f"pinned {self.pinned}, server answered {gen.weight_version!r}")
         if not gen.ids:

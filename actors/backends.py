@@ -21,6 +21,7 @@ class ServerPolicy:
 
         self.client = SGLangClient(url, api_key=api_key, timeout_s=timeout_s)
         self.url = url
+        self.generated = 0  # tokens the server generated for this episode (aborted turns too)
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any],
                        rid: str | None = None) -> Generation:
@@ -32,6 +33,7 @@ class ServerPolicy:
             raise InfraError("inference_error", f"{self.url}: {e}") from e
         except Exception as e:  # connection errors after the client's own retries
             raise InfraError("inference_unreachable", f"{self.url}: {type(e).__name__}: {e}") from e
+        self.generated += len(r.output_ids)
         finish = (r.finish_reason or {}).get("type", "stop") if isinstance(r.finish_reason, dict) \
             else str(r.finish_reason or "stop")
         return Generation(list(r.output_ids), [float(x) for x in r.output_logprobs], finish,

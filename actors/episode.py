@@ -92,10 +92,11 @@ class EpisodeResult:
 
 def make_agent(cfg: ActorConfig, templates: PromptTemplates, encoder: ChatEncoder, policy: Policy,
                env: Env, job: EpisodeJob, pinned_version: int | None,
-               judge: StepJudge | None = None) -> Agent:
-    """pinned_version None: no weight-version check (slime keeps its engines in sync)."""
+               judge: StepJudge | None = None, follow_updates: bool = False) -> Agent:
+    """pinned_version None: no weight-version check (slime keeps its engines in sync);
+    follow_updates: the version may move under the episode (weight_sync.rollout_mode in-flight)."""
     return Agent(cfg, templates, encoder, policy, env, pinned_version, rid_prefix=f"{job.job_id}:",
-                 judge=judge, sampling_seed=job.sampling_seed)
+                 judge=judge, sampling_seed=job.sampling_seed, follow_updates=follow_updates)
 
 
 async def run_episode(agent: Agent, job: EpisodeJob,
@@ -174,9 +175,12 @@ def _record_scores(steps: list[StepRecord], scores: list[StepScore]) -> list[flo
 def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> list[Sample]:
     job, steps = ep.job, ep.agent.steps
     versions = [s.weight_version for s in steps]
+    # each generated token carries its turn's version (-1: not generated); a sample's
+    # policy_version is its oldest trained token's, what the learner's staleness bound applies to
+    turn_v = [_as_version(v, policy_version) for v in versions]
 
     def sample(k: int, total: int, tokens: list[int], mask: list[int], lps: list[float],
-               prompt_len: int, wv: list[str]) -> Sample:
+               prompt_len: int, wv: list[str], tv: list[int] | None = None) -> Sample:
         metrics, reward = ep.metrics, ep.reward
         if ep.prm and total > 1:  # a step's own sample carries its score and votes
             metrics, s = dict(ep.metrics), steps[k]
@@ -186,10 +190,13 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
             metrics["prm_step_votes_neg"] = float(sum(v == -1 for v in s.prm_votes))
         if ep.step_rewards is not None and total == len(ep.step_rewards):
             reward = ep.step_rewards[k]
+        tva = np.asarray(tv if tv is not None else [-1] * len(tokens), np.int32)
+        trained_v = tva[(np.asarray(mask) == 1) & (tva >= 0)]
+        oldest = int(trained_v.min()) if trained_v.size else policy_version
         return Sample(tokens=np.asarray(tokens, np.int32), loss_mask=np.asarray(mask, np.uint8),
                       rollout_logprobs=np.asarray(lps, np.float32), prompt_len=prompt_len,
                       reward=reward, group_id=job.group_id, sample_index=job.sample_index,
-                      instance_id=job.instance_id, policy_version=policy_version,
+                      instance_id=job.instance_id, policy_version=oldest, token_versions=tva,
                       sample_id=f"{job.job_id}:{k}", episode_id=job.job_id, weight_versions=wv,
                       status=ep.status, step_index=k, steps_total=total, masked=ep.masked,
                       mask_reason=ep.mask_reason, metrics=metrics)
@@ -205,16 +212,28 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
             n_p, n_a, n_c = len(s.prompt_ids), len(s.answer_ids), len(s.closing_ids)
             out.append(sample(k, len(steps), s.prompt_ids + s.answer_ids + s.closing_ids,
                               [0] * n_p + [trained[k]] * n_a + [0] * n_c,
-                              [0.0] * n_p + s.logprobs + [0.0] * n_c, n_p, versions[: k + 1]))
+                              [0.0] * n_p + s.logprobs + [0.0] * n_c, n_p, versions[: k + 1],
+                              [-1] * n_p + [turn_v[k]] * n_a + [-1] * n_c))
         return out
     conv = ep.agent.conversation
     tokens, mask, lps = list(conv.prompt), [0] * len(conv.prompt), [0.0] * len(conv.prompt)
+    tv = [-1] * len(conv.prompt)
     for i, b in enumerate(conv.blocks):
         obs = b.observation if i < len(conv.blocks) - 1 else []  # nothing follows the last answer
         tokens += b.gen_prompt + b.answer + b.closing + obs
         mask += [0] * len(b.gen_prompt) + [trained[i]] * len(b.answer) + [0] * (len(b.closing) + len(obs))
         lps += [0.0] * len(b.gen_prompt) + b.logprobs + [0.0] * (len(b.closing) + len(obs))
-    return [sample(0, 1, tokens, mask, lps, len(conv.prompt), versions)]
+        tv += [-1] * len(b.gen_prompt) + [turn_v[i]] * len(b.answer) + [-1] * (len(b.closing) + len(obs))
+    return [sample(0, 1, tokens, mask, lps, len(conv.prompt), versions, tv)]
+
+
+def _as_version(v: str, default: int) -> int:
+    """A turn's recorded weight_version as a policy version (a server that reports none, as
+    slime's engines: the episode's)."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
 
 
 def failure_samples(encoder: ChatEncoder, templates: PromptTemplates, cfg: ActorConfig,

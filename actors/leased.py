@@ -79,7 +79,8 @@ class LeasedEpisodes:
 
     async def run(self, job: EpisodeJob, policy: ServerPolicy, pinned_version: int | None,
                   meta: dict[str, Any] | None = None,
-                  on_generated: Callable[[], Awaitable[None]] | None = None) -> EpisodeResult:
+                  on_generated: Callable[[], Awaitable[None]] | None = None,
+                  follow_updates: bool = False) -> EpisodeResult:
         """One episode of `job` with `policy` (pinned_version None: no weight-version check).
         InfraError for any infrastructure failure; `meta` goes to the trajectory's meta.json;
         `on_generated` is awaited between the policy's last turn and grading (run_episode)."""
@@ -91,7 +92,7 @@ class LeasedEpisodes:
             async with self._lease(job) as alloc:
                 env = PoolEnv(self.pool, alloc, job.instance, self.cfg.cwd, self.cfg.exec_env)
                 agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
-                                   self._step_judge(job, encoder))
+                                   self._step_judge(job, encoder), follow_updates=follow_updates)
                 ep = await run_episode(agent, job, on_generated)
             return ep
         except BaseException as e:

@@ -161,6 +161,7 @@ class Rollouts:
         # that arq will run again (retried) keeps it for that try
         admitted = trainable = retried = False
         server = policy = None
+        written, waste = 0, "infra"  # generated tokens in trainable samples; the rest's cause
         t_busy = 0.0
         renew: asyncio.Task[None] | None = None
         stop_renewing = asyncio.Event()
@@ -193,11 +194,14 @@ class Rollouts:
             ep, stopped = await self._unless_stale(version, job.group_id, self.episodes.run(
                 job, policy, version, on_generated=let_go, meta={
                     "server": server.url, "server_id": server.id, "policy_version": version,
-                    "job_try": job_try}))
+                    "job_try": job_try}, follow_updates=self.rt.rollout_mode == "in-flight"))
             if ep is None:
+                waste = "stale_stopped" if stopped == "stale" else stopped
                 return await self._abandoned(job, policy, version, slot.busy_s(t_busy), stopped)
             await self.writer.add(ep.samples, done_job=job.job_id)
             trainable = not ep.masked
+            written, waste = (0, "masked") if ep.masked else \
+                (sum(s.generated_tokens for s in ep.samples), "unsampled")
             self.totals["episodes"] += 1
             self.totals["resolved"] += int(ep.resolved)
             self.totals["samples"] += len(ep.samples)
@@ -245,6 +249,9 @@ class Rollouts:
             self._past_admission.discard(job.job_id)
             slot.give()
             stop_renewing.set()
+            if policy is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._count_tokens(policy.generated, written, waste))
             await asyncio.shield(self._cleanup(renew, server, pin_id, policy, job.job_id if admitted else None,
                                                trainable, retried))
 
@@ -356,6 +363,25 @@ class Rollouts:
                     await self.admission.finished(admitted)
                 else:
                     await self.admission.release_job(admitted)
+
+    async def _count_tokens(self, generated: int, written: int, cause: str) -> None:
+        """Every token a server generated for one try of an episode: written in trainable samples
+        (the learner counts them trained or dropped), or wasted here by `cause` — stale_stopped,
+        group_closed (its group trained without it), masked, infra (a failed or interrupted try),
+        unsampled (generated, in no sample: expected 0). See docs/actors.md, token accounting."""
+        if not generated:
+            return
+        written = min(written, generated)
+        self.totals["tokens_generated"] += generated
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(self.keys.stats, "tokens_generated", generated)
+        if written:
+            pipe.hincrby(self.keys.stats, "tokens_written", written)
+        if generated > written:
+            self.totals[f"tokens_wasted/{cause}"] += generated - written
+            pipe.hincrby(self.keys.stats, f"tokens_wasted/{cause}", generated - written)
+        with contextlib.suppress(Exception):
+            await pipe.execute()
 
     async def _stat(self, name: str, busy_s: float = 0.0) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -22,3 +22,4 @@ class ActorRuntime:
     envd_token: str | None
     tokenizer: str | None           # actor.tokenizer, else the served model's directory
     traj_dir: Path
+    rollout_mode: str = "pinned"    # weight_sync.rollout_mode: "in-flight" lets versions move under episodes

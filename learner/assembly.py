@@ -66,8 +66,9 @@ class Episode:
 
     @property
     def policy_version(self) -> int:
-        # the episode is pinned to one version; take the oldest to be safe
-        return min(e.sample.policy_version for e in self.entries.values())
+        # the oldest trained token of any of its samples (weight_sync.rollout_mode in-flight:
+        # versions change under an episode; pinned: all one version): the staleness bound's
+        return min(e.sample.oldest_version for e in self.entries.values())
 
 
 @dataclass
@@ -135,6 +136,10 @@ class Assembler:
         self._give_back = 0
         self._given_back: OrderedDict[str, None] = OrderedDict()
         self._forfeits: list[str] = []  # groups closed with episodes missing (see above)
+        # generated tokens of unmasked samples decided since the last take_tokens(): "trained"
+        # (in the loss), "loss_masked" (in a trained sample, out of the loss: a format error),
+        # "dropped_<reason>". Masked samples' tokens are counted wasted by their actor.
+        self.tokens: Counter[str] = Counter()
 
     # -- intake ------------------------------------------------------------------------
     def add(self, entries: list[Entry]) -> None:
@@ -165,6 +170,8 @@ class Assembler:
     def _drop(self, entries: list[Entry], reason: str, mark_consumed: bool = True) -> None:
         for e in entries:
             self.dropped[reason] += 1
+            if not e.sample.masked:
+                self.tokens[f"dropped_{reason}"] += e.sample.generated_tokens
             self.pending_ids.append(e.id)
             self.held.discard(e.sample.sample_id)
             if mark_consumed:
@@ -306,7 +313,22 @@ class Assembler:
                     ids.append(e.id)
                     self.held.discard(e.sample.sample_id)
                     self.consumed.add(e.sample.sample_id)
+                    self._count_trained(e.sample)
         return Batch(taken, ids, stale)
+
+    def _count_trained(self, s: Sample) -> None:
+        if s.masked:
+            return
+        gen = s.generated_tokens
+        in_loss = gen if s.token_versions is None else int(((s.token_versions >= 0) & (s.loss_mask == 1)).sum())
+        self.tokens["trained"] += in_loss
+        if gen > in_loss:
+            self.tokens["loss_masked"] += gen - in_loss
+
+    def take_tokens(self) -> Counter[str]:
+        """Token counts decided since the last call (see `tokens`)."""
+        out, self.tokens = self.tokens, Counter()
+        return out
 
     def _salvage(self, version: int) -> list[ReadyGroup]:
         """Open groups whose finished episodes go stale after this step (see the module doc)."""

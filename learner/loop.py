@@ -147,6 +147,23 @@ class Learner:
             except Exception as e:  # Redis away past its retries: the slots are retried next round
                 self.asm.owe_give_back(n)
                 log.warning("admission_give_back_failed", episodes=n, error=str(e))
+        await self._count_tokens()
+
+    async def _count_tokens(self) -> None:
+        """The generated tokens decided (trained, or wasted by cause) into the stats hash, beside
+        the actors' counts (actors.rollout): `swarl status` sums them. Not checkpointed: a crash
+        counts the re-read entries' tokens again."""
+        tokens = self.asm.take_tokens()
+        if not tokens:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for what, n in tokens.items():
+            pipe.hincrby(self.keys.stats, "tokens_trained" if what == "trained" else f"tokens_wasted/{what}", n)
+        try:
+            await pipe.execute()
+        except Exception as e:  # Redis away: counted with the next ones
+            self.asm.tokens.update(tokens)
+            log.warning("token_counts_failed", error=str(e))
 
     async def _train(self, batch: Batch) -> None:
         items, rstats = batch_items(batch, self.lcfg)

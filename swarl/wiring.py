@@ -20,7 +20,8 @@ def actor_runtime(cfg: SwarlConfig, redis_url: str | None = None) -> ActorRuntim
         actor=a, keys=cfg.keys, redis=cfg.redis_at(redis_url) if redis_url else cfg.redis,
         queue=cfg.queue, admission=cfg.admission, write_batch=cfg.replay.write_batch,
         pool_url=cfg.pool.url, envd_token=cfg.envd.token, tokenizer=a.tokenizer or cfg.inference.model,
-        traj_dir=Path(a.traj_dir or Path(cfg.run.dir) / "trajectories"))
+        traj_dir=Path(a.traj_dir or Path(cfg.run.dir) / "trajectories"),
+        rollout_mode=cfg.weight_sync.rollout_mode)
 
 
 def learner_runtime(cfg: SwarlConfig, redis_url: str | None = None) -> LearnerRuntime:

@@ -170,3 +170,44 @@ async def test_length_cut_answer(chatml_tokenizer, base_repo):
     s = ep.samples[0]
     assert ep.agent.steps[0].finish == "length" and ep.metrics["length_truncated_turns"] == 2
     assert s.loss_mask.sum() == 5 and s.loss_mask[-1] == 0  # closing eos not trained on
+
+
+class UpdatedUnderTheEpisode(GarbledFirstTurn):
+    """Answers turn 0 at version 3, then (weights loaded in flight) at 5."""
+
+    def answer(self, input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> Generation:
+        gen = super().answer(input_ids, max_new_tokens, rid)
+        self.weight_version = "5"
+        return gen
+
+
+@pytest.mark.parametrize("dynamic_history", [True, False])
+async def test_in_flight_turns_carry_the_oldest_version_that_may_have_made_them(chatml_tokenizer, base_repo,
+                                                                              dynamic_history):
+    """weight_sync.rollout_mode in-flight: no mismatch; a turn answered at a newer version than the
+    one before may have begun under the older one and is recorded at it; every generated token
+    carries its turn's version and a sample's policy_version is its oldest trained token's."""
+    cfg = ActorConfig(exec_timeout_s=10, step_limit=6, dynamic_history=dynamic_history)
+    env = LocalEnv(base_repo)
+    policy = UpdatedUnderTheEpisode(chatml_tokenizer, "fix", "3", [INSTANCE], sleep_s=5)
+    try:
+        agent = make_agent(cfg, load_templates(), ChatEncoder(chatml_tokenizer), policy, env, JOB, 3,
+                           follow_updates=True)
+        ep = await run_episode(agent, JOB)
+    finally:
+        await env.close()
+    assert [s.weight_version for s in ep.agent.steps] == ["3", "3", "5"]
+    lens = [len(s.answer_ids) for s in ep.agent.steps]
+    if dynamic_history:
+        assert [s.policy_version for s in ep.samples] == [3, 3, 5]
+        for s, n, v in zip(ep.samples, lens, (3, 3, 5), strict=True):
+            assert s.token_versions is not None
+            assert s.token_versions.tolist() == [-1] * s.prompt_len + [v] * n
+            assert s.generated_tokens == n and s.oldest_version == v
+    else:
+        (s,) = ep.samples
+        assert s.policy_version == 3 and s.weight_versions == ["3", "3", "5"]
+        assert s.token_versions is not None
+        got = s.token_versions[s.token_versions >= 0].tolist()
+        assert got == [3] * (lens[0] + lens[1]) + [5] * lens[2]
+        assert ((s.token_versions >= 0) == (s.loss_mask == 1)).all()

@@ -227,3 +227,37 @@ async def test_no_salvage_when_a_group_must_be_whole(stream, setting: str) -> No
     batch = asm.take_batch(version=3)
     assert batch is not None and [g.group_id for g in batch.groups] == ["a", "b"]
     assert asm.salvaged == 0 and "old" in asm.groups
+
+
+async def test_staleness_is_the_oldest_trained_tokens_and_every_token_is_counted(stream) -> None:
+    """weight_sync.rollout_mode in-flight: a sample's tokens may come from several versions.
+    The bound applies to its oldest trained token whatever its policy_version says; the
+    generated tokens it decides are counted trained, out of the loss, or dropped by reason."""
+    import numpy as np
+
+    writer, reader = stream
+
+    def versioned(g: str, i: int, versions: list[int], train: list[int] | None = None):
+        s = make_sample(g, i, version=max(versions), length=5 + len(versions), prompt_len=5)
+        s.token_versions = np.asarray([-1] * 5 + versions, np.int32)
+        if train is not None:
+            s.loss_mask = np.asarray([0] * 5 + train, np.uint8)
+        return s
+
+    await writer.add([
+        versioned("fresh", 0, [4, 5, 5]), versioned("fresh", 1, [4, 4, 5], train=[0, 1, 1]),
+        # claims version 5, but a trained token is from 2: stale at version 5, max_staleness 1
+        versioned("mixed", 0, [2, 5, 5]), versioned("mixed", 1, [5, 5, 5]),
+        # the token from 2 is out of the loss (a format error): the sample is as old as 4
+        versioned("untrained", 0, [2, 4, 4], train=[0, 1, 1]), versioned("untrained", 1, [5, 5]),
+    ])
+    asm = Assembler(n_per_group=2, batch_size=4, max_staleness=1, group_timeout_s=60, partial_groups="drop")
+    asm.add(await read_all(reader))
+    batch = asm.take_batch(version=5)
+    assert batch is not None
+    assert sorted(g.group_id for g in batch.groups) == ["fresh", "untrained"]
+    assert asm.dropped["stale"] == 1 and dict(asm.dropped_stale) == {3: 1}
+    tokens = asm.take_tokens()
+    # fresh: 3 + 2 in the loss, 1 out; untrained: 2 + 2 in, 1 out; mixed's stale member: 3
+    assert dict(tokens) == {"trained": 9, "loss_masked": 2, "dropped_stale": 3}
+    assert not asm.take_tokens()
