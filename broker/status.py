@@ -56,8 +56,25 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
         "actors": await ActorRegistry(redis, keys).list(),
         "learner": learner,
         "samples_per_min": round(per_min, 1),
+        "tokens": tokens(stats),
         "stats": stats,
     }
+
+
+def tokens(stats: dict[str, Any]) -> dict[str, Any]:
+    """Every generated token accounted for, from the stats hash (actors.rollout counts generated,
+    written and wasted on their side; learner.loop trained and wasted on its): generated =
+    trained + the wasted, by cause + in flight (in running episodes, or written and not yet
+    decided by the learner)."""
+    generated = int(stats.get("tokens_generated", 0))
+    trained = int(stats.get("tokens_trained", 0))
+    wasted = {k.removeprefix("tokens_wasted/"): int(v) for k, v in sorted(stats.items())
+              if k.startswith("tokens_wasted/")}
+    total_wasted = sum(wasted.values())
+    return {"generated": generated, "written": int(stats.get("tokens_written", 0)), "trained": trained,
+            "wasted": wasted, "wasted_total": total_wasted,
+            "in_flight": generated - trained - total_wasted,
+            "wasted_fraction": round(total_wasted / generated, 4) if generated else 0.0}
 
 
 def render(st: dict[str, Any]) -> Any:
@@ -76,6 +93,13 @@ def render(st: dict[str, Any]) -> Any:
     if st["learner"]:
         head.add_row("learner step", st["learner"].get("step", "-"), "learner version",
                      st["learner"].get("version", "-"))
+    t = st.get("tokens") or tokens(st.get("stats", {}))
+    if t["generated"]:
+        head.add_row("tokens generated", str(t["generated"]), "trained", str(t["trained"]))
+        head.add_row("tokens wasted", f"{t['wasted_total']} ({100 * t['wasted_fraction']:.1f}%)",
+                     "in flight", str(t["in_flight"]))
+        if t["wasted"]:
+            head.add_row("wasted by cause", ", ".join(f"{k} {v}" for k, v in t["wasted"].items()), "", "")
     pools = []  # one table per role: the policy's servers, and the PRM judges when there are any
     for role, title in (("policy", "inference servers (policy)"), ("prm", "PRM judge servers")):
         rows = [sv for sv in st["servers"] if sv.get("role", "policy") == role]

@@ -146,3 +146,24 @@ async def test_status_shows_the_policy_and_prm_pools(aredis, keys):
     policy_table, judge_table = text.split("inference servers (policy)")[1].split("PRM judge servers")
     assert "pol-0" in policy_table and "judge-0" not in policy_table
     assert "judge-0" in judge_table.split("actors")[0]
+
+
+async def test_status_accounts_for_every_generated_token(aredis, keys):
+    from rich.console import Console
+
+    from broker.config import AdmissionConfig, ReplayConfig
+    from broker.status import gather, render
+
+    for field, n in {"tokens_generated": 1000, "tokens_written": 700, "tokens_trained": 500,
+                     "tokens_wasted/stale_stopped": 120, "tokens_wasted/infra": 30,
+                     "tokens_wasted/dropped_late": 50}.items():
+        await aredis.hincrby(keys.stats, field, n)
+    st = await gather(aredis, keys, ReplayConfig(), AdmissionConfig())
+    t = st["tokens"]
+    assert t["wasted"] == {"dropped_late": 50, "infra": 30, "stale_stopped": 120}
+    assert (t["generated"], t["trained"], t["wasted_total"], t["in_flight"]) == (1000, 500, 200, 300)
+    assert t["wasted_fraction"] == 0.2
+    console = Console(record=True, width=200)
+    console.print(render(st))
+    text = console.export_text()
+    assert "tokens wasted" in text and "200 (20.0%)" in text and "stale_stopped 120" in text
