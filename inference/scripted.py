@@ -201,6 +201,12 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
         add_api_key(app, api_key)
     seen: set[str] = set()
     failed: list[str] = []
+    # pause_generation / continue_generation as SGLang 0.5.23: while paused new requests wait;
+    # requests in flight wait too (retract, in_place: answered after continue, at the version then
+    # loaded) or end at once with finish_reason abort (abort)
+    go = asyncio.Event()
+    go.set()
+    cut = [asyncio.Event()]
 
     def injected_fault(rid: str) -> bool:
         key = episode_key(rid or None)
@@ -241,11 +247,18 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
                            [], "stop", policy.weight_version, text)
             g.logprobs = [SCRIPTED_LOGPROB] * len(g.ids)
         else:
+            await go.wait()
             g = policy.answer(ids, max_new_tokens, rid or None)
+        aborted = False
         if policy.latency is not None and judge is None:
-            await asyncio.sleep(policy.latency.delay_s(rid or None, len(g.ids)))
+            aborted = await _unless_cut(policy.latency.delay_s(rid or None, len(g.ids)), cut[0])
+        if not aborted and judge is None:
+            await go.wait()  # paused in flight (retract): answered once continued
         finish = ({"type": "stop", "matched": policy.eos_id} if g.finish == "stop"
                   else {"type": "length", "length": len(g.ids)})
+        if aborted:  # no partial answers in a script: the turn is cut whole
+            g.ids, g.logprobs, g.text = [], [], ""
+            finish = {"type": "abort", "message": "Generation paused (pause_generation)."}
         return {"text": g.text, "output_ids": g.ids, "meta_info": {
             "id": rid, "prompt_tokens": len(ids),
             "completion_tokens": len(g.ids), "cached_tokens": 0, "finish_reason": finish,
@@ -281,6 +294,23 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
             policy.weight_version = str(body["weight_version"])
         return {"success": True, "message": "Succeeded to update model weights.",
                 "num_paused_requests": 0}
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Any:
+        body = await request.json()
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return err(400, "mode: expected abort, retract or in_place")
+        go.clear()
+        if mode == "abort":
+            cut[0].set()
+            cut[0] = asyncio.Event()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> Any:
+        go.set()
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     @app.get("/swarl/latency")
     async def latency() -> Any:
@@ -337,3 +367,12 @@ async def serve(tokenizer_dir: str, mode: str, host: str, port: int, api_key: st
             redis_cfg=redis_cfg)
     app = create_app(policy, api_key, tokenizer_dir, membership, judge, fail_episodes)
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+
+async def _unless_cut(delay_s: float, cut: asyncio.Event) -> bool:
+    """Sleep `delay_s`; True when `cut` is set first (pause_generation abort)."""
+    try:
+        await asyncio.wait_for(cut.wait(), delay_s)
+    except TimeoutError:
+        return False
+    return True
