@@ -97,6 +97,7 @@ class Bench:
         self.pool_url = ""
         self.node_id = ""
         self.model = self.dir / "model"
+        self.extra_sets: list[str] = []  # config overrides of the next setting (a sibling's, e.g. the mode)
 
     # -- shared services -------------------------------------------------------------------
     def setup(self) -> None:
@@ -150,14 +151,14 @@ class Bench:
         }
         if self.pool_url:
             sets["pool.url"] = self.pool_url
-        cfg = load_config(CONFIG_DIR / "demo.yaml", [f"{k}={v}" for k, v in sets.items()] + o.sets,
-                          environ={})
+        cfg = load_config(CONFIG_DIR / "demo.yaml",
+                          [f"{k}={v}" for k, v in sets.items()] + o.sets + self.extra_sets, environ={})
         path = self.dir / f"{run_id}.yaml"
         path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return str(path)
 
     # -- one setting -------------------------------------------------------------------------
-    async def setting(self, eta: int, scale: bool = False) -> dict[str, Any]:
+    async def setting(self, eta: int, scale: bool = False, tag: str = "") -> dict[str, Any]:
         from broker.connection import connect
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.tasks import arq_pool, enqueue_jobs, jobs_for
@@ -165,7 +166,7 @@ class Bench:
         from swarl.config import load_config as load
 
         o = self.o
-        run_id = f"bench-eta{eta}" + ("-2x" if scale else "")
+        run_id = f"bench-eta{eta}" + ("-2x" if scale else "") + tag
         cfg_path = self.config(run_id, eta)
         keys = load(cfg_path, [], environ={}).keys
         exe = swarl_exe()
@@ -268,10 +269,10 @@ class Bench:
             # what the actors did with their episodes (finished, stopped stale, stopped because
             # the learner closed their group): the work the bound cost
             try:
-                stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()
-                         if k.decode().startswith("episodes_")}
+                all_stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()}
             finally:
                 await r.aclose()
+            stats = {k: v for k, v in all_stats.items() if k.startswith("episodes_")}
         published = {v: t for v, t in published.items() if floor is not None and v > floor}
         lat: dict[str, float] = {}
         import httpx
@@ -287,6 +288,9 @@ class Bench:
         out = summarize(run_id, eta, self.dir / run_id / "metrics.jsonl", published, everywhere,
                         busy, lat, o.batch, scaled_at, anywhere)
         out["episodes"] = {k: int(v) for k, v in sorted(stats.items())}
+        from broker.status import tokens
+
+        out["tokens"] = tokens(all_stats)  # every generated token: trained, wasted by cause, in flight
         return out
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from system_helpers import (
 
 from broker.keys import Keys
 from broker.registry import ServerRegistry
+from broker.status import _number, tokens
 from common.procs import terminate
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,6 +57,8 @@ class Outcome:
     servers: list[Any]
     envd: Any
     current: int
+    stats: dict[str, Any] = field(default_factory=dict)   # the stats hash at the end
+    tokens: dict[str, Any] = field(default_factory=dict)  # broker.status.tokens of it
 
 
 async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_factory: Any, servers: list[Any],
@@ -105,11 +108,12 @@ async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_facto
             a.stop(60)
         terminate(learner, 60)
         current = int(await r.get(KEYS.policy_current) or 0)
+        stats = {k: _number(v) for k, v in (await r.hgetall(KEYS.stats)).items()}
         await r.aclose()
-    return Outcome(run_dir, watch, done, failed, servers, envd, current)
+    return Outcome(run_dir, watch, done, failed, servers, envd, current, stats, tokens(stats))
 
 
-async def check_invariants(o: Outcome, max_staleness: int) -> list[tuple[int, list[str]]]:
+async def check_invariants(o: Outcome, max_staleness: int, pinned: bool = True) -> list[tuple[int, list[str]]]:
     steps = trained(o.run_dir)
     assert len(steps) >= 2, steps
     # versions advance: one per step (update_every 1), published in order
@@ -120,11 +124,20 @@ async def check_invariants(o: Outcome, max_staleness: int) -> list[tuple[int, li
     ids = [i for _, step_ids in steps for i in step_ids]
     assert len(ids) == len(set(ids))
     assert set(ids) <= set(o.watch.samples), sorted(set(ids) - set(o.watch.samples))[:5]
-    # staleness: step k trains at learner version k - 1
+    # staleness: step k trains at learner version k - 1; the bound holds for every trained token
     for step, step_ids in steps:
         for i in step_ids:
-            age = (step - 1) - o.watch.samples[i].policy_version
+            s = o.watch.samples[i]
+            age = (step - 1) - s.policy_version
             assert 0 <= age <= max_staleness, (step, i, age)
+            assert s.token_versions is not None
+            gen = s.token_versions[(s.token_versions >= 0) & (s.loss_mask == 1)]
+            if gen.size:  # (a sample whose only turn was a format error trains no token)
+                assert (step - 1) - int(gen.min()) <= max_staleness, (step, i, gen.tolist())
+                assert int(gen.min()) == s.policy_version, (i, gen.tolist(), s.policy_version)
+    if not pinned:
+        check_accounting(o, steps)
+        return steps
     # one policy per episode: every turn's weight_version is the pinned version
     for ep_id, samples in o.watch.episodes().items():
         for s in samples:
@@ -145,6 +158,25 @@ async def check_invariants(o: Outcome, max_staleness: int) -> list[tuple[int, li
                                  headers={"Authorization": f"Bearer {o.envd.token}"})).json()
     assert status["active_containers"] == 0, status
     return steps
+
+
+def check_accounting(o: Outcome, steps: list[tuple[int, list[str]]]) -> None:
+    """Every generated token accounted for (broker.status.tokens): the actors' side adds up
+    exactly once every episode has ended; the learner's trained count is the trained samples'
+    tokens in the loss, and what it has not decided is what it still holds."""
+    st, t = o.stats, o.tokens
+    actor_causes = ("stale_stopped", "group_closed", "masked", "infra", "unsampled")
+    assert t["generated"] > 0
+    assert t["generated"] == t["written"] + sum(t["wasted"].get(c, 0) for c in actor_causes), t
+    trained_ids = {i for _, ids in steps for i in ids}
+    in_loss = sum(int(((s.token_versions >= 0) & (s.loss_mask == 1)).sum())
+                  for i, s in o.watch.samples.items() if i in trained_ids and s.token_versions is not None)
+    assert t["trained"] == in_loss, (t, in_loss)
+    learner_side = t["trained"] + sum(v for k, v in t["wasted"].items() if k not in actor_causes)
+    held = t["written"] - learner_side
+    assert held >= 0, t
+    assert t["in_flight"] == held, t  # nothing left in an episode: only what the learner holds
+    assert st["tokens_generated"] == t["generated"]
 
 
 @pytest.mark.long  # make test keeps the synchronous whole loop below
@@ -205,3 +237,34 @@ async def test_max_staleness_zero_is_synchronous(redis_url, envd_factory, pool_f
         drawn = {k: v for s in servers for k, v in (await http.get(f"{s.url}/swarl/latency")).json()["episodes"].items()}
     assert set(drawn) >= o.done
     assert len({len(eps) for eps in o.watch.episodes().values()}) > 1
+
+
+async def test_in_flight_versions_change_under_running_episodes(redis_url, envd_factory, pool_factory,
+                                                                cpu_server_factory, tiny_model_dir,
+                                                                test_image, tmp_path) -> None:
+    """weight_sync.rollout_mode in-flight, max_staleness 1, scripted servers whose episodes last
+    several turns: servers are updated under running episodes (no drain), so episodes see the
+    version change between turns. No trained token is staler than the bound, nothing is trained
+    twice, and every generated token is accounted for."""
+    rows = [calc_row(test_image, n, "fix" if n % 2 else "wrong") for n in range(1, 5)]
+    profile = json.dumps({"turns_median": 4, "turns_sigma": 0.6, "max_turns": 6,
+                          "token_s_median": 0.01, "token_s_sigma": 0.5})
+    servers = [cpu_server_factory.start_scripted(tiny_model_dir, rows, redis_url=redis_url, run_id="test",
+                                                 api_key=KEY, server_id=f"scripted-{i}",
+                                                 extra_args=["--latency-profile", profile])
+               for i in range(2)]
+    o = await run_loop(tmp_path, redis_url, envd_factory, pool_factory, servers, tiny_model_dir, rows,
+                       n=2, epochs=1, **{"actor.step_limit": 8, "admission.batch_size": 2,
+                                         "admission.max_staleness": 1, "weight_sync.rollout_mode": "in-flight"})
+    steps = await check_invariants(o, max_staleness=1, pinned=False)
+    assert len(steps) >= 2
+    changed = []
+    for ep_id, samples in o.watch.episodes().items():
+        for s in samples:
+            if s.masked:
+                continue
+            versions = [int(v) for v in s.weight_versions]
+            assert versions == sorted(versions), (ep_id, versions)  # a turn never older than the last
+            if len(set(versions)) > 1:
+                changed.append(ep_id)
+    assert changed, "no episode saw its version change: nothing was updated in flight"
