@@ -437,6 +437,12 @@ class Demo:
                           f"{last.get('agent/outcome_reward_mean', 0.0):+.3f}")
             t.add_row("actors", str(len(st["actors"])))
             t.add_row("samples/min", str(st["samples_per_min"]))
+            tok = st.get("tokens") or {}
+            if tok.get("generated"):  # every generated token: broker.status.tokens
+                t.add_row("tokens generated / trained / in flight",
+                          f"{tok['generated']} / {tok['trained']} / {tok['in_flight']}")
+                t.add_row("tokens wasted", f"{tok['wasted_total']} ({100 * tok['wasted_fraction']:.1f}%)"
+                          + (": " + ", ".join(f"{k} {v}" for k, v in tok["wasted"].items()) if tok["wasted"] else ""))
             t.add_row("processes", ", ".join(
                 f"{p.name}:{p.state()}" + (f"(restarted {len(p.restarts)}x)" if p.restarts else "")
                 for p in self.procs.procs))
