@@ -104,6 +104,8 @@ _PID = os.getpid()
 _CONFIG = []  # type: list
 _unlist_self()
 _fd[0] = _take_fd()
+
+
 def _watch_env():
     """{patched file: the line numbers the patch added to it}."""
     try:
@@ -134,6 +136,11 @@ _PROC = re.compile(r"^/proc/(self|\d+|thread-self)(/task/\d+)?/(fd|fdinfo|mem|en
 _FRAME_ATTRS = frozenset(["tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"])
 
 
+def _stdlib(filename):
+    """In the standard library (a conda or venv site-packages lies inside its directory: not)."""
+    return filename.startswith(_STDLIB) and "-packages" + os.sep not in filename[len(_STDLIB):]
+
+
 def _patched(filename, lineno):
     """The patched file `filename` is, if the line is one the patch added."""
     for rel, lines in _WATCH.items():
@@ -151,7 +158,7 @@ def _culprit(direct):
         frame = frame.f_back
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith(_STDLIB) or name.startswith("<") or name == _HERE):
+        if not (_stdlib(name) or name.startswith("<") or name == _HERE):
             rel = _patched(name, frame.f_lineno)
             return (rel, frame.f_lineno) if rel else None
         if direct:
