@@ -168,19 +168,15 @@ class Engine:
 
     def pause(self, mode: str = "abort") -> int:
         """SGLang 0.5.23's three modes; either way new requests wait until `resume`.
-        abort: end in-flight requests with finish_reason abort (their tokens so far returned).
+        abort: end the requests it has, running or queued, with finish_reason abort (their
+        tokens so far returned); requests submitted after the pause wait.
         in_place: keep them in the running batch with their KV cache, stop stepping (a cache
         flush then fails: `held`). retract: put them back at the head of the queue, their KV
         cache dropped; on `resume` each is prefilled again with its prompt and the tokens it
         has generated, under the weights then loaded, and goes on generating."""
         self.paused = True
-        if mode == "abort":
-            n = 0
-            for req in list(self._running):
-                self._finish(req, {"type": "abort", "message": "Generation paused (pause_generation)."})
-                n += 1
-            self._compact()
-            return n
+        if mode == "abort":  # SGLang aborts every request the scheduler has: running and queued
+            return self.abort(abort_all=True, message="Generation paused (pause_generation).")
         if mode == "retract":
             back = [r for r in self._running if r.finish_reason is None]
             self._running, self._cache, self._mask, self._pos, self._last = [], None, None, None, None

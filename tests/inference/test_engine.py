@@ -127,3 +127,30 @@ def test_a_retracted_request_goes_on_where_it_stopped(engine):
     assert engine.stats.retracted == before + 1
     assert r.output_ids == whole.output_ids and r.finish_reason == {"type": "length", "length": 40}
     assert r.output_logprobs == pytest.approx(whole.output_logprobs, abs=1e-4)
+
+
+def test_pause_abort_ends_queued_requests_too_and_later_ones_wait(engine):
+    """As SGLang 0.5.23: pause_generation(abort) aborts every request the scheduler holds,
+    queued ones included; a request submitted after the pause waits for resume."""
+    params = SamplingParams(max_new_tokens=100_000, temperature=1.0, ignore_eos=True)
+    running = GenRequest(PROMPT, params)
+    ev = threading.Event()
+    running.on_done = lambda _r: ev.set()
+    engine.submit(running)
+    while not running.output_ids:
+        threading.Event().wait(0.01)
+    engine.call(lambda: engine.pause("in_place")).result(10)  # hold it, then queue one behind
+    queued = GenRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0))
+    q_done = threading.Event()
+    queued.on_done = lambda _r: q_done.set()
+    engine.submit(queued)
+    assert engine.call(lambda: engine.pause("abort")).result(10) == 2
+    assert ev.wait(10) and q_done.wait(10)
+    assert running.finish_reason["type"] == "abort" and queued.finish_reason["type"] == "abort"
+    later = GenRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0))
+    l_done = threading.Event()
+    later.on_done = lambda _r: l_done.set()
+    engine.submit(later)
+    assert not l_done.wait(0.3)
+    engine.call(engine.resume).result(10)
+    assert l_done.wait(30) and later.finish_reason["type"] == "length"
