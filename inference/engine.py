@@ -75,7 +75,7 @@ class Engine:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
         self.device = torch.device(device)
-        self.model.to(self.device)
+        self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stub types .to() as for a module
         self.model.eval()
         self.config = self.model.config
         self.vocab_size = int(self.config.vocab_size)
