@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,7 @@ class Demo:
         self.tokens = {k: secrets.token_hex(16) for k in ("envd", "inference")}
         self.server_urls: list[str] = []
         self.events: list[str] = []  # supervision events, newest last, for the live view
+        self.stopping = threading.Event()  # set when the demo is interrupted: the warm start's thread stops
         self.redis_restarts = 0
 
     def say(self, msg: str) -> None:
@@ -217,7 +219,8 @@ class Demo:
 
                 tmp = cached.with_name(h + ".tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
-                sft(base, tmp, seqs, epochs=self.o.sft_epochs, lr=self.o.sft_lr, seed=ws, progress=tick)
+                sft(base, tmp, seqs, epochs=self.o.sft_epochs, lr=self.o.sft_lr, seed=ws, progress=tick,
+                    stop=self.stopping.is_set)
                 tmp.rename(cached)
         else:
             self.say(f"warm start: cached model {cached}")
@@ -505,7 +508,11 @@ class Demo:
         self.say(f"run directory {self.run_dir}")
         redis_url = self.start_redis()
         self.build_images()
-        model = await asyncio.to_thread(self.model)
+        try:
+            model = await asyncio.to_thread(self.model)
+        except BaseException:  # Ctrl-C / SIGTERM: the thread stops at its next step, not at its end
+            self.stopping.set()
+            raise
         svc = self.start_services(redis_url, model)
         before = await self.evaluate(svc["pool_url"], self.server_urls[0], "before")
         self.say(f"training for {self.o.minutes:g} min with {self.o.actors} actors x {self.o.concurrency} "

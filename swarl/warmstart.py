@@ -32,6 +32,10 @@ FIX_THOUGHT = "THOUGHT: I change the line that causes this bug."
 SUBMIT_THOUGHT = "THOUGHT: The fix is in place, so I submit it."
 
 
+class Interrupted(Exception):
+    """sft() was asked to stop."""
+
+
 def answer(thought: str, command: str) -> str:
     return f"{thought}\n\n```bash\n{command}\n```"
 
@@ -91,10 +95,11 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
 def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], list[int]]],
         epochs: int = 40, lr: float = 1e-3, batch_size: int = 8, seed: int = 0,
         progress: Callable[[int, int, float], None] | None = None, max_steps: int | None = None,
-        warmup: int = 10, decay: bool = True) -> Path:
+        warmup: int = 10, decay: bool = True, stop: Callable[[], bool] | None = None) -> Path:
     """Cross-entropy on the masked tokens; AdamW; saves an HF model (+ tokenizer) to out_dir.
     The learning rate warms up linearly over `warmup` steps, then decays linearly to 5% (decay)
-    or stays; `max_steps` stops early (the demo's SFT control: as many steps as RL took)."""
+    or stays; `max_steps` stops early (the demo's SFT control: as many steps as RL took). `stop()`
+    true before a step: Interrupted, nothing saved (the demo interrupted during its warm start)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -117,6 +122,8 @@ def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], 
         for i in range(0, len(order), batch_size):
             if step >= total:
                 break
+            if stop is not None and stop():
+                raise Interrupted(f"supervised training stopped at step {step}/{total}")
             batch = [seqs[j] for j in order[i : i + batch_size]]
             width = max(len(ids) for ids, _ in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)

@@ -109,3 +109,17 @@ def test_sft_stops_at_max_steps_with_a_flat_rate(enc, tiny_model_dir, tmp_path) 
               warmup=1, decay=False, progress=lambda step, total, loss: seen.append(total))
     assert seen == [3, 3, 3]
     assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_sft_stops_when_asked(enc, tiny_model_dir, tmp_path) -> None:
+    """Ctrl-C during the demo's warm start: the training thread stops at its next step (the demo
+    sets the flag), not at its end, and saves nothing."""
+    from swarl.warmstart import Interrupted, sft
+
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    seqs = demonstrations([(demo_row(i), i) for i in practice(8, seed=2)], tpl, enc)
+    steps: list[int] = []
+    with pytest.raises(Interrupted, match="step 2/"):
+        sft(tiny_model_dir, tmp_path / "out", seqs, epochs=5, batch_size=2,
+            progress=lambda step, total, loss: steps.append(step), stop=lambda: len(steps) >= 2)
+    assert steps == [1, 2] and not (tmp_path / "out").exists()
