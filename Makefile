@@ -7,8 +7,9 @@ setup:
 demo: setup
 	.venv/bin/swarl demo $(ARGS)
 
-# does the demo learn? the demo on seeds 0,1,2 with its control; writes benchmarks/demo_learning.{json,png}
-# and docs/demo.md's "Measured" section (~38 min on 2 cores; ARGS="--seeds 0,1" to shorten)
+# does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run;
+# writes benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section (an estimated ~2 h
+# on 2 idle cores; ARGS="--seeds 0,1" to shorten)
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
 
