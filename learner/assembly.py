@@ -140,6 +140,7 @@ class Assembler:
         # (in the loss), "loss_masked" (in a trained sample, out of the loss: a format error),
         # "dropped_<reason>". Masked samples' tokens are counted wasted by their actor.
         self.tokens: Counter[str] = Counter()
+        self.tokens_total: Counter[str] = Counter()  # the same, since this process started
 
     # -- intake ------------------------------------------------------------------------
     def add(self, entries: list[Entry]) -> None:
@@ -171,7 +172,7 @@ class Assembler:
         for e in entries:
             self.dropped[reason] += 1
             if not e.sample.masked:
-                self.tokens[f"dropped_{reason}"] += e.sample.generated_tokens
+                self._count(f"dropped_{reason}", e.sample.generated_tokens)
             self.pending_ids.append(e.id)
             self.held.discard(e.sample.sample_id)
             if mark_consumed:
@@ -321,14 +322,18 @@ class Assembler:
             return
         gen = s.generated_tokens
         in_loss = gen if s.token_versions is None else int(((s.token_versions >= 0) & (s.loss_mask == 1)).sum())
-        self.tokens["trained"] += in_loss
+        self._count("trained", in_loss)
         if gen > in_loss:
-            self.tokens["loss_masked"] += gen - in_loss
+            self._count("loss_masked", gen - in_loss)
 
     def take_tokens(self) -> Counter[str]:
         """Token counts decided since the last call (see `tokens`)."""
         out, self.tokens = self.tokens, Counter()
         return out
+
+    def _count(self, what: str, n: int) -> None:
+        self.tokens[what] += n
+        self.tokens_total[what] += n
 
     def _salvage(self, version: int) -> list[ReadyGroup]:
         """Open groups whose finished episodes go stale after this step (see the module doc)."""

@@ -272,6 +272,8 @@ class Learner:
         out["groups_salvaged"] = self.asm.salvaged  # since this learner process started
         for age, n in sorted(self.asm.dropped_stale.items()):
             out[f"dropped_stale/age_{age}"] = n
+        for what, n in sorted(self.asm.tokens_total.items()):  # since this learner process started
+            out[f"tokens/{what}"] = n
         out.update(agent_metrics(batch))
         return out
 

@@ -260,4 +260,4 @@ async def test_staleness_is_the_oldest_trained_tokens_and_every_token_is_counted
     tokens = asm.take_tokens()
     # fresh: 3 + 2 in the loss, 1 out; untrained: 2 + 2 in, 1 out; mixed's stale member: 3
     assert dict(tokens) == {"trained": 9, "loss_masked": 2, "dropped_stale": 3}
-    assert not asm.take_tokens()
+    assert not asm.take_tokens() and asm.tokens_total == tokens  # the total stays (metrics)
