@@ -241,8 +241,9 @@ class Rollouts:
             log.warning("episode_masked_after_infra_failures", job_id=job.job_id,
                         reason=e.reason, tries=job_try)
             return {"masked": True, "reason": e.reason}
-        except BaseException:
+        except BaseException as e:
             retried = not final_try  # arq runs it again: an error, a timeout, a hand-back on SIGTERM
+            waste = "interrupted" if isinstance(e, asyncio.CancelledError) else "error"
             raise
         finally:
             self.running -= 1
@@ -367,8 +368,10 @@ class Rollouts:
     async def _count_tokens(self, generated: int, written: int, cause: str) -> None:
         """Every token a server generated for one try of an episode: written in trainable samples
         (the learner counts them trained or dropped), or wasted here by `cause` — stale_stopped,
-        group_closed (its group trained without it), masked, infra (a failed or interrupted try),
-        unsampled (generated, in no sample: expected 0). See docs/actors.md, token accounting."""
+        group_closed (its group trained without it), masked, infra (an infrastructure failure:
+        retried or masked), interrupted (cancelled: a job timeout, a hand-back on SIGTERM), error
+        (any other exception), unsampled (generated, in no sample: expected 0). See
+        docs/actors.md, token accounting."""
         if not generated:
             return
         written = min(written, generated)

@@ -260,6 +260,9 @@ class Bench:
                 b = float(await r.hget(keys.stats, "rollout_busy_s") or 0.0)
                 busy.append((now, b, slots))
                 await asyncio.sleep(0.25)
+            # the token counts at the window's end, before the actors are stopped (their running
+            # episodes then count in flight, not wasted by the benchmark's own stop)
+            window_stats = {k.decode(): float(v) for k, v in (await r.hgetall(keys.stats)).items()}
         finally:
             for a in actors:
                 a.signal(15)
@@ -290,7 +293,9 @@ class Bench:
         out["episodes"] = {k: int(v) for k, v in sorted(stats.items())}
         from broker.status import tokens
 
-        out["tokens"] = tokens(all_stats)  # every generated token: trained, wasted by cause, in flight
+        # every generated token: trained, wasted by cause, in flight; at the window's end, and
+        # after the stop (the actors' hand-back counts as interrupted)
+        out["tokens"], out["tokens_after_stop"] = tokens(window_stats), tokens(all_stats)
         return out
 
     def close(self) -> None:

@@ -165,7 +165,7 @@ def check_accounting(o: Outcome, steps: list[tuple[int, list[str]]]) -> None:
     exactly once every episode has ended; the learner's trained count is the trained samples'
     tokens in the loss, and what it has not decided is what it still holds."""
     st, t = o.stats, o.tokens
-    actor_causes = ("stale_stopped", "group_closed", "masked", "infra", "unsampled")
+    actor_causes = ("stale_stopped", "group_closed", "masked", "infra", "interrupted", "error", "unsampled")
     assert t["generated"] > 0
     assert t["generated"] == t["written"] + sum(t["wasted"].get(c, 0) for c in actor_causes), t
     trained_ids = {i for _, ids in steps for i in ids}
