@@ -8,11 +8,13 @@ of --etas; then a long-episode profile (turn counts and durations like SWE episo
 down) at --long-eta, both modes.
 
 Per setting: trained samples per minute (between the first and last learner step) and its
-ratio to the ideal — what the actors' slots would give if every slot always ran an episode that
-ends trained: slots x 60 / the mean episode wall time x samples per episode —; the wasted token
-fraction (every generated token is counted: broker.status.tokens); the time from a version's
-publication to every server reporting it; the learner's idle fraction. Writes a PNG and the
-section async_vs_sync_modes of benchmarks/RESULTS.md; the last line is one JSON object.
+ratio to the ideal — what the actors' slots would give if every slot were always busy with an
+episode that ends trained: slots x 60 / the mean seconds a slot holds an episode (its wall
+time less grading, which runs past the slot) x samples per episode —; the wasted token
+fraction at the window's end (every generated token is counted: broker.status.tokens); the
+time from a version's publication to every server reporting it; the learner's idle fraction.
+Writes a PNG and the section async_vs_sync_modes of benchmarks/RESULTS.md; the last line is
+one JSON object. `--report DIR` reports a finished run again from its results.json.
 
     .venv/bin/python benchmarks/async_vs_sync_modes.py                # ~6 settings x (budget + start-up)
     .venv/bin/python benchmarks/async_vs_sync_modes.py --minutes 2    # a short run
@@ -62,6 +64,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--png", default=str(REPO / "async_vs_sync_modes.png"))
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--report", default=None, help="only report again from this run directory")
     o = p.parse_args(argv)
     base = bench_options(["--minutes", str(o.minutes), "--batch", str(o.batch), "--group", str(o.group),
                           "--actors", str(o.actors), "--concurrency", str(o.concurrency),
@@ -96,8 +99,8 @@ def derive(r: dict[str, Any], o: argparse.Namespace) -> dict[str, Any]:
     times = r.get("episode_times") or {}
     slots = o.actors * o.concurrency
     per_ep = r["samples_per_min"] / r["episodes_per_min"] if r.get("episodes_per_min") else float("nan")
-    wall = times.get("wall_mean_s") or float("nan")
-    ideal = slots * 60 / wall * per_ep if wall == wall and wall > 0 else float("nan")
+    held = (times.get("wall_mean_s") or float("nan")) - times.get("eval_s", 0.0)  # grading runs past the slot
+    ideal = slots * 60 / held * per_ep if held == held and held > 0 else float("nan")
     return {"ideal_samples_per_min": ideal,
             "ratio_to_ideal": r["samples_per_min"] / ideal if ideal == ideal and ideal > 0 else float("nan"),
             "wasted_fraction": t.get("wasted_fraction", float("nan")),
@@ -152,9 +155,10 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, An
         "the same seeds (task order, latency draws) in both modes; the bundled train tasks in real "
         "containers, the tiny model trained by `swarl learner`, rolling disk weight sync every step. "
         f"Base profile {o.base_latency.model_dump_json()}; long profile {o.long_latency.model_dump_json()}. "
-        "ideal = slots x 60 / mean episode wall s x samples per episode (every slot always running an "
-        "episode that ends trained); wasted = generated tokens never trained (stale-stopped, group "
-        "closed, masked, infra, dropped by the learner), of all generated.")
+        "ideal = slots x 60 / (mean episode wall s - grading s) x samples per episode (every slot always "
+        "busy with an episode that ends trained); wasted = generated tokens never trained (stale-stopped, "
+        "group closed, masked, infra, dropped by the learner), of all generated, at the end of the "
+        "window (before the actors are stopped; what runs then is in flight).")
     tables = markdown_table(headers, table)
     if not o.no_record:
         record("async_vs_sync_modes", tables, summary, notes)
@@ -190,6 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     from common.procs import sigterm_interrupts
 
     o = options(argv)
+    if o.report:  # figures again from a finished run
+        results = json.loads((Path(o.report) / "results.json").read_text())
+        for r in results:
+            r.update(derive(r, o))
+        plot(results, Path(o.png))
+        print(json.dumps(report(o, results), sort_keys=True))
+        return
     sigterm_interrupts()  # a stopped benchmark stops its processes and their containers
     print(json.dumps(asyncio.run(main_async(o)), sort_keys=True))
 
