@@ -159,6 +159,12 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, An
         "busy with an episode that ends trained); wasted = generated tokens never trained (stale-stopped, "
         "group closed, masked, infra, dropped by the learner), of all generated, at the end of the "
         "window (before the actors are stopped; what runs then is in flight).")
+    steps = [r["steps"] for r in results]
+    if o.minutes < 6:
+        notes += (f" A short run ({o.minutes:g} min per setting, {min(steps)}-{max(steps)} learner steps "
+                  "each, one seed): the figures show the benchmark works and the direction, not the full "
+                  "measurement (make the budget 6 min or more, and repeat the seeds).")
+    notes += (" 'every server s' is measured by polling the registry every 0.25 s: 0 means within one poll.")
     tables = markdown_table(headers, table)
     if not o.no_record:
         record("async_vs_sync_modes", tables, summary, notes)
