@@ -3,11 +3,14 @@
 `task_images` (session): builds every bundled task image once (cached by content hash) and
 returns {instance_id: image}. `TaskRunner` evaluates several patch / command variants of one
 task in one container of its image (reset between variants with git reset/clean), the way
-envd's /container/evaluate does, and grades each with envd.swe_eval.grade.
+envd's /container/evaluate does, and grades each with envd.swe_eval.grade. `patch_of` and
+`evaluate_patch` drive an agent container through envd's own HTTP API instead (what the reward-hack
+tests grade through).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 from collections.abc import Iterator
@@ -110,3 +113,46 @@ def task_images(docker_client: Any) -> dict[str, str]:
 
 
 __all__ = ["TaskRunner", "Variant", "docker_client", "task_images"]
+
+
+def build_task_image(docker_url: str, task: dict[str, Any]) -> str:
+    """The task's image, built on the base image (both cached by content hash)."""
+    import docker
+
+    from envd.images import build_task_image as build
+    from envd.images import ensure_base_image
+
+    client = docker.DockerClient(base_url=docker_url, timeout=600)
+    try:
+        ensure_base_image(client)
+        return build(client, task)[0]
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def envd_client(envd_server: Any) -> Iterator[Any]:
+    """An httpx.Client at envd's URL with its token."""
+    import httpx
+
+    with httpx.Client(base_url=envd_server.url, headers={"Authorization": f"Bearer {envd_server.token}"},
+                      timeout=300) as c:
+        yield c
+
+
+def patch_of(api: Any, cid: str, command: str) -> str:
+    """Reset container `cid` on envd, run `command` in it, return the diff it left."""
+    reset = api.post("/container/exec", json={"container_id": cid, "command": "git reset -q --hard && git clean -qfdx"})
+    assert reset.json()["returncode"] == 0, reset.text
+    out = api.post("/container/exec", json={"container_id": cid, "command": command}).json()
+    assert out["returncode"] == 0, out
+    patch = api.post("/container/diff", json={"container_id": cid}).json()["patch"]
+    assert patch.startswith("diff --git"), patch
+    return patch
+
+
+def evaluate_patch(api: Any, cid: str, patch: str, task: dict[str, Any]) -> dict[str, Any]:
+    """envd's /container/evaluate of `patch` on `task` in container `cid`."""
+    r = api.post("/container/evaluate", json={"container_id": cid, "patch": patch, "instance": task, "timeout": 120})
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -15,10 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import docker
 import httpx
 import pytest
-from fixtures_tasks import Variant, run_variants
+from fixtures_tasks import (
+    Variant,
+    build_task_image,
+    envd_client,
+    evaluate_patch,
+    patch_of,
+    run_variants,
+)
 
 from envd.tasks import load_tasks
 
@@ -269,20 +275,12 @@ def append_command(source: str) -> str:
 
 @pytest.fixture(scope="module")
 def image(docker_url: str) -> str:
-    from envd.images import build_task_image, ensure_base_image
-
-    client = docker.DockerClient(base_url=docker_url, timeout=600)
-    try:
-        ensure_base_image(client)
-        return build_task_image(client, TASK)[0]
-    finally:
-        client.close()
+    return build_task_image(docker_url, TASK)
 
 
 @pytest.fixture(scope="module")
 def api(envd_server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=envd_server.url, headers={"Authorization": f"Bearer {envd_server.token}"},
-                      timeout=300) as c:
+    with envd_client(envd_server) as c:
         yield c
 
 
@@ -293,20 +291,8 @@ def agent(api: httpx.Client, image: str) -> Iterator[str]:
     api.post("/container/destroy", json={"container_id": cid})
 
 
-def patch_of(api: httpx.Client, cid: str, command: str) -> str:
-    reset = api.post("/container/exec", json={"container_id": cid, "command": "git reset -q --hard && git clean -qfdx"})
-    assert reset.json()["returncode"] == 0, reset.text
-    out = api.post("/container/exec", json={"container_id": cid, "command": command}).json()
-    assert out["returncode"] == 0, out
-    patch = api.post("/container/diff", json={"container_id": cid}).json()["patch"]
-    assert patch.startswith("diff --git"), patch
-    return patch
-
-
 def evaluate(api: httpx.Client, cid: str, patch: str) -> dict[str, Any]:
-    r = api.post("/container/evaluate", json={"container_id": cid, "patch": patch, "instance": TASK, "timeout": 120})
-    assert r.status_code == 200, r.text
-    return r.json()
+    return evaluate_patch(api, cid, patch, TASK)
 
 
 def counted(api: httpx.Client, kind: str) -> float:

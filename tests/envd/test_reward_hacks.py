@@ -10,10 +10,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import docker
 import httpx
 import pytest
-from fixtures_tasks import Variant, run_variants
+from fixtures_tasks import (
+    Variant,
+    build_task_image,
+    envd_client,
+    evaluate_patch,
+    patch_of,
+    run_variants,
+)
 
 from envd.tasks import load_tasks
 
@@ -89,20 +95,12 @@ HACKS: dict[str, tuple[str, bool]] = {
 
 @pytest.fixture(scope="module")
 def image(docker_url: str) -> str:
-    from envd.images import build_task_image, ensure_base_image
-
-    client = docker.DockerClient(base_url=docker_url, timeout=600)
-    try:
-        ensure_base_image(client)
-        return build_task_image(client, TASK)[0]
-    finally:
-        client.close()
+    return build_task_image(docker_url, TASK)
 
 
 @pytest.fixture(scope="module")
 def api(envd_server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=envd_server.url, headers={"Authorization": f"Bearer {envd_server.token}"},
-                      timeout=300) as c:
+    with envd_client(envd_server) as c:
         yield c
 
 
@@ -113,20 +111,8 @@ def agent(api: httpx.Client, image: str) -> Iterator[str]:
     api.post("/container/destroy", json={"container_id": cid})
 
 
-def _patch_of(api: httpx.Client, cid: str, command: str) -> str:
-    reset = api.post("/container/exec", json={"container_id": cid, "command": "git reset -q --hard && git clean -qfdx"})
-    assert reset.json()["returncode"] == 0, reset.text
-    out = api.post("/container/exec", json={"container_id": cid, "command": command}).json()
-    assert out["returncode"] == 0, out
-    patch = api.post("/container/diff", json={"container_id": cid}).json()["patch"]
-    assert patch.startswith("diff --git"), patch
-    return patch
-
-
 def _evaluate(api: httpx.Client, cid: str, patch: str) -> dict[str, Any]:
-    r = api.post("/container/evaluate", json={"container_id": cid, "patch": patch, "instance": TASK, "timeout": 120})
-    assert r.status_code == 200, r.text
-    return r.json()
+    return evaluate_patch(api, cid, patch, TASK)
 
 
 def _official_resolved(log: str) -> bool:
@@ -149,7 +135,7 @@ def _official_resolved(log: str) -> bool:
 @pytest.mark.long  # the hacks resolving under the official harness's reading: make long
 @pytest.mark.timeout(600)
 def test_the_hacks_work_without_the_defence(docker_client: Any, image: str, api: httpx.Client, agent: str) -> None:
-    working = {k: _patch_of(api, agent, cmd) for k, (cmd, works) in HACKS.items() if works}
+    working = {k: patch_of(api, agent, cmd) for k, (cmd, works) in HACKS.items() if works}
     results = run_variants(docker_client, image, TASK, [Variant(k, patch=p) for k, p in working.items()], timeout_s=300)
     undefended = {k: _official_resolved(log) for k, (_report, log) in results.items()}
     assert undefended == dict.fromkeys(working, True), {k: results[k][1][-4000:] for k, ok in undefended.items() if not ok}
@@ -160,7 +146,7 @@ def test_the_hacks_work_without_the_defence(docker_client: Any, image: str, api:
 def test_each_hack_is_refused_and_counted(api: httpx.Client, agent: str, hack: str) -> None:
     command, _ = HACKS[hack]
     kind = hack.removesuffix("_parsed").removesuffix("_late")
-    ev = _evaluate(api, agent, _patch_of(api, agent, command))
+    ev = _evaluate(api, agent, patch_of(api, agent, command))
     assert ev["resolved"] is False, ev
     assert kind in {h["kind"] for h in ev["reward_hack"]}, ev
     assert ev["error"].startswith("reward hack refused: "), ev["error"]
@@ -175,7 +161,7 @@ def test_a_process_left_behind_cannot_hold_the_grader(api: httpx.Client, agent: 
     command returns: grading ends in seconds, not at the eval timeout."""
     fix_and_linger = TASK["swarl_fix_command"] + "\n" + heredoc("invoicekit/__init__.py", LINGER, append=True)
     t0 = time.monotonic()
-    ev = _evaluate(api, agent, _patch_of(api, agent, fix_and_linger))
+    ev = _evaluate(api, agent, patch_of(api, agent, fix_and_linger))
     assert time.monotonic() - t0 < 100
     assert ev["resolved"] is True and not ev["timed_out"] and not ev["reward_hack"], ev
 
@@ -185,7 +171,7 @@ def test_gold_still_resolves_and_empty_does_not(api: httpx.Client, agent: str) -
     gold = _evaluate(api, agent, TASK["patch"])
     assert gold["resolved"] is True and gold["reward_hack"] == [] and not gold["error"], gold
     assert set(gold["fail_to_pass"].values()) == {"PASSED"}
-    fixed = _evaluate(api, agent, _patch_of(api, agent, TASK["swarl_fix_command"]))
+    fixed = _evaluate(api, agent, patch_of(api, agent, TASK["swarl_fix_command"]))
     assert fixed["resolved"] is True, fixed
     empty = _evaluate(api, agent, "")
     assert empty["resolved"] is False and "empty patch" in empty["error"]
