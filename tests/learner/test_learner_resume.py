@@ -64,19 +64,29 @@ def samples_for(groups: range) -> list:
     return out
 
 
-@pytest.mark.slow
-def test_kill_9_and_resume_trains_every_sample_once(redis_url, keys, small_model_dir, tmp_path) -> None:
-    run_dir = tmp_path / "run"
-    config = tmp_path / "learner.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": {"id": keys.run, "dir": str(run_dir)},
+def learner_config(tmp_path: Path, redis_url: str, keys, model_dir: Path,
+                   weight_sync: dict | None = None, **learner) -> Path:
+    """learner.yaml of a small learner run in tmp_path/run; `learner` keys over the common ones."""
+    cfg = {
+        "run": {"id": keys.run, "dir": str(tmp_path / "run")},
         "redis": {"url": redis_url},
         "replay": {"block_ms": 100, "read_count": 8},
         "admission": {"max_staleness": 1000, "batch_size": 2},
-        "learner": {"model_dir": str(small_model_dir), "n_samples_per_prompt": 2, "publish": "none",
-                    "idle_exit_s": 3.0, "threads": 1, "tensorboard": False, "lr": 1e-4,
-                    "update_every": 2, "checkpoint_every": 1},
-    }))
+        "learner": {"model_dir": str(model_dir), "n_samples_per_prompt": 2, "idle_exit_s": 3.0,
+                    "threads": 1, "tensorboard": False, **learner},
+    }
+    if weight_sync:
+        cfg["weight_sync"] = weight_sync
+    path = tmp_path / "learner.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_trains_every_sample_once(redis_url, keys, small_model_dir, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    config = learner_config(tmp_path, redis_url, keys, small_model_dir, publish="none", lr=1e-4,
+                            update_every=2, checkpoint_every=1)
     trained = run_dir / "learner" / "trained.jsonl"
     log = tmp_path / "learner.log"
     first = samples_for(range(0, 14))
@@ -135,17 +145,9 @@ def test_kill_9_between_checkpoints_after_weights_only_publishes(redis_url, keys
     from safetensors.torch import load_file
 
     run_dir = tmp_path / "run"
-    config = tmp_path / "learner.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": {"id": keys.run, "dir": str(run_dir)},
-        "redis": {"url": redis_url},
-        "replay": {"block_ms": 100, "read_count": 8},
-        "admission": {"max_staleness": 1000, "batch_size": 2},
-        "weight_sync": {"keep_versions": 100, "stop_rollout_timeout_s": 0},
-        "learner": {"model_dir": str(small_model_dir), "n_samples_per_prompt": 2, "publish": "weight_sync",
-                    "idle_exit_s": 3.0, "threads": 1, "tensorboard": False, "lr": 1e-3,
-                    "update_every": 1, "checkpoint_every": 6},
-    }))
+    config = learner_config(tmp_path, redis_url, keys, small_model_dir, publish="weight_sync", lr=1e-3,
+                            update_every=1, checkpoint_every=6,
+                            weight_sync={"keep_versions": 100, "stop_rollout_timeout_s": 0})
     trained = run_dir / "learner" / "trained.jsonl"
     log = tmp_path / "learner.log"
     first = samples_for(range(0, 14))
