@@ -57,11 +57,38 @@ def _wall_minutes(run_dir: Path) -> float | None:
         return None
 
 
-def run(seeds: str, minutes: float | None, extra: list[str]) -> Path:
+def collect(run_dir: Path) -> dict:
+    """A `swarl demo --seeds` run's summary: its learning-seeds.json, or, for a run stopped
+    part-way, one built from the seeds whose every arm finished (each run's learning.json and
+    result.json) — reported as the seeds it has, never padded."""
+    from swarl.demo import ARMS
+
+    done = run_dir / "learning-seeds.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for seed_dir in sorted(run_dir.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
+        arms = [seed_dir / arm for arm in ARMS]
+        if all((d / "learning.json").is_file() and (d / "result.json").is_file() for d in arms):
+            for arm, d in zip(ARMS, arms, strict=True):
+                runs[arm].append({**json.loads((d / "learning.json").read_text()),
+                                  "result": json.loads((d / "result.json").read_text())})
+    if not runs[ARMS[0]]:
+        raise SystemExit(f"{run_dir}: no seed with every arm finished")
+    agg = aggregate(runs[ARMS[0]], runs[ARMS[1]])
+    plot(agg, run_dir / "learning-seeds.png")
+    return {"aggregate": agg, "runs": runs, "partial": True}
+
+
+def run(seeds: str, minutes: float | None, steps: int, extra: list[str]) -> Path:
     run_dir = ROOT / "runs" / f"demo-learning-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
     if minutes is not None:
         cmd += ["--minutes", str(minutes)]
+    if steps:
+        cmd += ["--steps", str(steps)]
+    if not any(x.startswith("--warm-seed") for x in extra):
+        cmd += ["--warm-seed", "0"]  # one warm start: seeds vary the RL run (and its draws), not the start
     cmd += extra
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)  # its progress goes to this terminal / log
@@ -71,7 +98,9 @@ def run(seeds: str, minutes: float | None, extra: list[str]) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--minutes", type=float, default=None, help="training minutes per seed (demo default)")
+    ap.add_argument("--steps", type=int, default=18, help="learner steps per run (equal compute in every arm; "
+                    "18 is what 5 minutes give on 2 idle cores; 0: --minutes alone)")
+    ap.add_argument("--minutes", type=float, default=20.0, help="training minutes per run, at most")
     ap.add_argument("--report-only", action="store_true", help="re-render from benchmarks/demo_learning.json")
     ap.add_argument("--from-run", type=Path, default=None,
                     help="record this finished `swarl demo --seeds` run directory instead of running")
@@ -81,11 +110,12 @@ def main() -> int:
         data = json.loads(OUT_JSON.read_text())
     else:
         t0 = time.monotonic()
-        run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.demo_args)
-        data = json.loads((run_dir / "learning-seeds.json").read_text())
+        run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.steps, a.demo_args)
+        data = collect(run_dir)
         if a.from_run:
-            a.seeds = ",".join(str(r["seed"]) for r in data["runs"])
+            a.seeds = ",".join(str(r["seed"]) for r in data["runs"]["rl"])
         data["meta"] = {"command": f"benchmarks/demo_learning.py --seeds {a.seeds}"
+                        + (f" --steps {a.steps}" if a.steps else "")
                         + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
                         + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
                         "wall_minutes": (_wall_minutes(run_dir) if a.from_run
@@ -102,8 +132,12 @@ def main() -> int:
     steps = sorted(r.get("learner_steps", 0) for r in results)
     temp = f", sampling temperature {meta['temperature']:g}" if meta.get("temperature") is not None else ""
     wall = f"; {meta['wall_minutes']:g} min in all" if meta.get("wall_minutes") is not None else ""
-    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{wall}: {results[0]['minutes']:g} min of training "
-           f"per run ({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}). "
+    budget = (f"{results[0]['steps_budget']} learner steps per run (at most {results[0]['minutes']:g} min)"
+              if results[0].get("steps_budget") else f"{results[0]['minutes']:g} min of training per run")
+    partial = (f" A partial run: the seeds whose every arm finished ({', '.join(map(str, agg['seeds']))})."
+               if data.get("partial") else "")
+    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{wall}: {budget} "
+           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{partial} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
            f"as the learner took. Every evaluation shares its sampling draws per (task, sample) "

@@ -71,6 +71,7 @@ PRACTICE = 9600
 @dataclass
 class DemoOptions:
     minutes: float = 5.0
+    steps: int | None = None  # stop training at this many learner steps (learner.max_steps); minutes bound it
     seed: int = 0
     actors: int = 2
     concurrency: int = 3
@@ -91,6 +92,7 @@ class DemoOptions:
     config: str | None = None
     sets: tuple[str, ...] = ()
     prm: bool = False   # step rewards from a PRM judge: the tiny base model on its own server
+    before_from: str | None = None  # a run dir of the same seed and warm start: its "before" episodes are reused
 
 
 class Demo:
@@ -121,7 +123,8 @@ class Demo:
             raise ConfigError(f"arm: one of {', '.join(ARMS)}, got {self.o.arm!r}")
         base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}",
                 *(["actor.prm.enable=true"] if self.o.prm else []),
-                *(["learner.reward_shuffle=true"] if self.o.arm == "shuffled" else []), *self.o.sets]
+                *(["learner.reward_shuffle=true"] if self.o.arm == "shuffled" else []),
+                *([f"learner.max_steps={self.o.steps}"] if self.o.steps else []), *self.o.sets]
         base += [f"{k}={v}" for k, v in extra.items()]
         return load_config(self.o.config or CONFIG_DIR / "demo.yaml", base, environ={})
 
@@ -305,6 +308,20 @@ class Demo:
                      f"errors {summary['errors']}) in {time.monotonic() - t0:.0f}s")
         return out
 
+    def reuse_before(self, src: Path) -> dict[str, list[dict[str, Any]]]:
+        """The "before" episodes of another run of the same seed and warm start (the shuffled
+        arm's are the RL arm's: the same weights meet the same draws, which `--recheck` shows
+        give the same episodes), copied into this run's eval/."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for split in self.splits():
+            src_dir, dst = src / "eval" / f"before-{split}", self.run_dir / "eval" / f"before-{split}"
+            if not (src_dir / "results.jsonl").is_file():
+                raise ConfigError(f"before_from: {src_dir / 'results.jsonl'} is missing")
+            shutil.copytree(src_dir, dst, dirs_exist_ok=True)
+            out[split] = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines() if x.strip()]
+        self.say(f"before: the episodes of {src} (same seed, warm start and draws)")
+        return out
+
     async def newest_server(self, redis_url: str) -> tuple[str, int]:
         """A server at the newest published version (bringing one there from disk if needed)."""
         from broker.connection import connect
@@ -463,6 +480,8 @@ class Demo:
             with Live(console=self.console, refresh_per_second=1) as live:
                 said = time.monotonic()
                 while (left := t_end - time.monotonic()) > 0:
+                    if self.o.steps and len(self.metrics()) >= self.o.steps:
+                        break  # equal compute across arms: the same learner steps, however busy the machine
                     if not self.console.is_terminal and st is not None and time.monotonic() - said >= 30:
                         said = time.monotonic()  # rich's Live draws nothing off a terminal: a line
                         m = self.metrics()
@@ -514,7 +533,10 @@ class Demo:
             self.stopping.set()
             raise
         svc = self.start_services(redis_url, model)
-        before = await self.evaluate(svc["pool_url"], self.server_urls[0], "before")
+        if self.o.before_from:
+            before = self.reuse_before(Path(self.o.before_from))
+        else:
+            before = await self.evaluate(svc["pool_url"], self.server_urls[0], "before")
         self.say(f"training for {self.o.minutes:g} min with {self.o.actors} actors x {self.o.concurrency} "
                  f"episodes and {self.o.servers} inference server(s)")
         await self.train(redis_url, svc["pool_url"], svc["config"])
@@ -543,18 +565,21 @@ class Demo:
         learning = learning_report(before, after, controls, seed=self.o.seed,
                                    groups=task_groups([r for sp in self.splits() for r in self.eval_rows(sp)]))
         learning["arm"] = self.o.arm
+        learning["before_from"] = self.o.before_from
         if recheck is not None:
             learning["recheck_identical"] = {sp: _outcomes(before[sp]) == _outcomes(recheck[sp]) for sp in before}
         (self.run_dir / "learning.json").write_text(json.dumps(learning, indent=1) + "\n")
         self.say(learning_lines(learning))
-        return {**flat_result(learning),
+        result = {**flat_result(learning),
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
-                "minutes": self.o.minutes, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
+                "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),
                 "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
                 | ({"redis": self.redis_restarts} if self.redis_restarts else {})}
+        (self.run_dir / "result.json").write_text(json.dumps(result) + "\n")  # for a summary of a partial --seeds run
+        return result
 
     async def load_server(self, model_dir: Path) -> str:
         """A server (training is over) loaded with the weights in `model_dir` (the warm start, or
@@ -694,8 +719,10 @@ def run_seeds(opts: DemoOptions, seeds: list[int], arms: tuple[str, ...] = ARMS)
     for seed in seeds:
         for arm in arms:
             d = base / f"seed-{seed}" / arm
+            first = base / f"seed-{seed}" / arms[0]
             result = run_demo(dataclasses.replace(opts, seed=seed, arm=arm, run_dir=str(d),
-                                                  sft_control=opts.sft_control and arm == "rl"))
+                                                  sft_control=opts.sft_control and arm == "rl",
+                                                  before_from=str(first) if arm != arms[0] else None))
             print(json.dumps(result), flush=True)  # each run's line as it ends
             runs[arm].append({**json.loads((d / "learning.json").read_text()), "result": result})
     agg = aggregate(runs["rl"], runs.get("shuffled", []))

@@ -13,6 +13,9 @@ from swarl.cliutil import ConfigOpt, SetOpt, load
 
 def demo(
     minutes: Annotated[float, typer.Option("--minutes", "-m", help="Training time budget (minutes).")] = 5.0,
+    steps: Annotated[int, typer.Option("--steps", help="Stop training at this many learner steps "
+                                       "(learner.max_steps; 0: none), --minutes bounding it: the same "
+                                       "compute in every arm and seed, however busy the machine.")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tiny model, warm start and sampling.")] = 0,
     actors: Annotated[int, typer.Option("--actors", help="Actor processes.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Episodes per actor at once.")] = 3,
@@ -52,7 +55,7 @@ def demo(
     from swarl.demo import DemoOptions, run_demo, run_seeds
 
     setup_logging("warning")
-    opts = DemoOptions(minutes=minutes, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
+    opts = DemoOptions(minutes=minutes, steps=steps or None, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
                        train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
                        sets=tuple(sets or ()), prm=prm, arm=arm,

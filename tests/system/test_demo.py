@@ -58,3 +58,39 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     assert (run_dir / "model" / "sft-control" / "model.safetensors").exists()
     # progress was shown while warming up and evaluating (stderr is not a terminal here)
     assert "warm start step" in p.stderr and "before: train" in p.stderr, p.stderr[-3000:]
+
+
+def test_seeds_equal_steps_and_shared_before(docker_url, tmp_path) -> None:
+    """`--seeds` with `--steps`: both arms stop at the same learner step count (equal compute),
+    the shuffled arm reuses the RL arm's "before" episodes (same warm start and draws), and a
+    run stopped part-way is summarised from the seeds whose every arm finished."""
+    import sys
+    from pathlib import Path
+
+    run_dir = tmp_path / "seeds"
+    p = swarl("demo", "--seeds", "0", "--steps", "2", "--minutes", "6", "--actors", "1", "--concurrency", "4",
+              "--servers", "1", "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2",
+              "--sft-demos", "100", "--no-handwritten", "--no-sft-control", "--run-dir", str(run_dir),
+              "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
+              env={"SWARL_CACHE": str(tmp_path / "cache")}, timeout=1100)
+    assert p.returncode == 0, p.stderr[-4000:]
+    rl, sh = (json.loads((run_dir / "seed-0" / arm / "result.json").read_text()) for arm in ("rl", "shuffled"))
+    assert rl["learner_steps"] == sh["learner_steps"] == 2, (rl, sh)
+    assert rl["steps_budget"] == sh["steps_budget"] == 2
+    learning = json.loads((run_dir / "seed-0" / "shuffled" / "learning.json").read_text())
+    assert learning["before_from"] == str(run_dir / "seed-0" / "rl")
+    for split in ("train", "heldout", "heldout_family"):
+        a, b = ((run_dir / "seed-0" / arm / "eval" / f"before-{split}" / "results.jsonl").read_text()
+                for arm in ("rl", "shuffled"))
+        assert a == b and a.strip(), split
+    # a partial run: seed 1 has only its RL arm, so the summary holds seed 0 alone
+    (run_dir / "learning-seeds.json").unlink()
+    (run_dir / "seed-1" / "rl").mkdir(parents=True)
+    for f in ("learning.json", "result.json"):
+        (run_dir / "seed-1" / "rl" / f).write_text((run_dir / "seed-0" / "rl" / f).read_text())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from demo_learning import collect
+
+    data = collect(run_dir)
+    assert data["partial"] and data["aggregate"]["seeds"] == [0]
+    assert [r["seed"] for r in data["runs"]["shuffled"]] == [0]
