@@ -33,7 +33,7 @@ from broker.keys import Keys
 from common.services import start_redis
 from envd.config import PoolConfig
 from envd.image_index import ImageIndex
-from envd.pool import PoolState
+from envd.pool_state import PoolState
 
 
 @dataclass

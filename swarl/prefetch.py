@@ -45,7 +45,7 @@ async def _node_urls(cfg: SwarlConfig, urls: list[str] | None) -> list[str]:
     if cfg.pool.exec_urls:
         return [u.rstrip("/") for u in cfg.pool.exec_urls]
     if cfg.redis.url:
-        from envd.pool import PoolState
+        from envd.pool_state import PoolState
 
         state = await PoolState.open(cfg.pool, cfg.redis, cfg.keys)
         try:

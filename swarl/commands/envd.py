@@ -124,7 +124,7 @@ def _node_cmd(url: str, action: str, pool_url: str | None, token_file: str | Non
     if not cfg.redis.url:
         typer.echo("swarl: give --pool-url (or pool.url) or redis.url to reach the pool", err=True)
         raise typer.Exit(2)
-    from envd.pool import PoolState
+    from envd.pool_state import PoolState
 
     async def go() -> None:
         state = await PoolState.open(cfg.pool, cfg.redis, cfg.keys)

@@ -12,7 +12,7 @@ from broker.config import RedisConfig
 from broker.keys import Keys
 from envd.config import PoolConfig
 from envd.image_index import ImageIndex
-from envd.pool import PoolState
+from envd.pool_state import PoolState
 
 KEYS = Keys("swarl", "test")
 NODES = {"http://node-a:5000": "node-a", "http://node-b:5000": "node-b", "http://node-c:5000": "node-c"}

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
-import envd.pool
+import envd.pool_state
 from broker.config import RedisConfig
 from broker.keys import Keys
 from envd.config import PoolConfig
-from envd.pool import PoolState
+from envd.pool_state import PoolState
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ["http://node-a:5000", "http://node-b:5000", "http://node-c:5000"]
@@ -33,7 +33,7 @@ import asyncio, json, random, sys, time
 from broker.config import RedisConfig
 from broker.keys import Keys
 from envd.config import PoolConfig
-from envd.pool import PoolState
+from envd.pool_state import PoolState
 
 url, name, attempts, churn = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 
@@ -169,7 +169,7 @@ async def test_only_healthy_fresh_active_nodes_get_leases_and_a_drained_node_lea
 def test_scripts_take_every_key_through_keys(script: str) -> None:
     """Redis Cluster routes a script by its KEYS: every key a script touches is a KEYS entry,
     none is built inside Lua."""
-    calls = re.findall(r"redis\.call\('(\w+)', ([^,)]+)", getattr(envd.pool, script))
+    calls = re.findall(r"redis\.call\('(\w+)', ([^,)]+)", getattr(envd.pool_state, script))
     assert calls
     for command, key in calls:
         assert re.fullmatch(r"KEYS\[\d\]", key), f"{script}: {command} {key}"
