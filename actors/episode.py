@@ -126,9 +126,9 @@ async def run_episode(agent: Agent, job: EpisodeJob,
         if agent.judge is not None:
             await asyncio.shield(agent.judge.cancel())  # nothing left judging after the episode
     resolved = bool(evaluation and evaluation.resolved)
-    # A patch refused for changing how tests run or report (envd.tamper): never rewarded, counted.
+    # A patch refused for changing how tests run or report (swe.tamper): never rewarded, counted.
     hack = bool(evaluation and evaluation.details.get("reward_hack"))
-    # by kind too (envd.tamper.KINDS): agent/reward_hack_attempts/<kind> in the learner's log
+    # by kind too (swe.tamper.KINDS): agent/reward_hack_attempts/<kind> in the learner's log
     hacks = (evaluation.details.get("reward_hack") if evaluation else None) or []
     hack_kinds = sorted({str(h.get("kind")) for h in hacks})
     resolved = resolved and not hack

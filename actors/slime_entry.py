@@ -68,7 +68,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     from actors.episode import EpisodeJob
     from actors.leased import LeasedEpisodes
     from envd.client import EnvdClient
-    from envd.rows import validate_row
+    from swe.rows import validate_row
 
     meta = sample.metadata if isinstance(sample.metadata, dict) else {}
     if not isinstance(meta.get("instance"), dict):

@@ -162,8 +162,8 @@ class Bench:
         from broker.connection import connect
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.tasks import arq_pool, enqueue_jobs, jobs_for
-        from envd.tasks import load_tasks
         from swarl.config import load_config as load
+        from swe.tasks import load_tasks
 
         o = self.o
         run_id = f"bench-eta{eta}" + ("-2x" if scale else "") + tag

@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from envd.images import build_task_images, ensure_base_image
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     docker_url = ensure_docker()
     client = docker.DockerClient(base_url=docker_url, timeout=900)

@@ -32,11 +32,11 @@ def main() -> int:
     from actors.encoding import ChatEncoder
     from actors.protocols import ExecOutput
     from actors.templates import load_templates
-    from envd.tasks import load_tasks
-    from envd.tasks.generated import demo_row, get_instance, inspect_output, practice
     from inference.tiny_model import init_tiny
     from swarl.config import REPO_ROOT
     from swarl.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
+    from swe.tasks import load_tasks
+    from swe.tasks.generated import demo_row, get_instance, inspect_output, practice
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--on", choices=("train", "practice"), default="practice")

@@ -94,7 +94,7 @@ class EvalResult:
     timed_out: bool = False
     returncode: int | None = None
     mode: str = ""
-    reward_hack: list[dict[str, str]] = field(default_factory=list)  # envd.tamper.Tamper dicts
+    reward_hack: list[dict[str, str]] = field(default_factory=list)  # swe.tamper.Tamper dicts
     referee: dict[str, Any] = field(default_factory=dict)  # envd.referee's view: statuses, isolated, runs
 
 

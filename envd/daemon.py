@@ -26,7 +26,7 @@ from broker.config import RedisConfig
 from broker.connection import connect
 from broker.keys import Keys
 from common.logs import get_logger
-from envd import httputil, referee, swe_eval, tamper
+from envd import httputil, referee
 from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
@@ -42,7 +42,6 @@ from envd.image_cache import ImageCache, NotPullable, PullFailed
 from envd.image_index import ImageIndex
 from envd.leases import LeaseStore, MemoryLeases, RedisLeases
 from envd.metrics import CONTENT_TYPE_LATEST, EnvdMetrics, generate_latest
-from envd.rows import RowError, validate_row
 from envd.schemas import (
     DIFF_TIMEOUT_S,
     ContainerReq,
@@ -53,6 +52,8 @@ from envd.schemas import (
     PullReq,
 )
 from envd.warm import WarmPool
+from swe import grading, tamper
+from swe.rows import RowError, validate_row
 
 log = get_logger("envd")
 T = TypeVar("T")
@@ -280,7 +281,7 @@ class Envd:
         if req.instance is None and req.eval_script is None:
             raise ApiError(422, "field 'eval_script': required when 'instance' is not given")
         timeout = min(req.timeout, self.ecfg.eval_timeout_s)
-        reason = swe_eval.check_patch(req.patch)
+        reason = grading.check_patch(req.patch)
         base: dict[str, Any] = {"ok": True, "resolved": False, "returncode": None, "output": "",
                                 "error": "", "timed_out": False, "tests_status": {},
                                 "fail_to_pass": {}, "pass_to_pass": {}, "reward_hack": [],
@@ -321,7 +322,7 @@ class Envd:
     def _instance_script(self, req: EvaluateReq) -> tuple[dict[str, Any], str]:
         try:
             instance = validate_row(req.instance)
-            script = req.eval_script or swe_eval.eval_script_for(instance)
+            script = req.eval_script or grading.eval_script_for(instance)
         except RowError as e:
             raise ApiError(422, f"field 'instance{'.' + e.field if e.field else ''}': {e.msg}") from None
         except ValueError as e:
@@ -333,17 +334,17 @@ class Envd:
         """Apply `patch` in c (after a reset, in script mode) and run `script`. With `instance`
         (SWE-bench grading in a fresh container), the test infrastructure is checked and put back
         to the base commit after the patch, and the test output is framed by a per-run nonce
-        (`log`, for swe_eval.grade with that `nonce`)."""
+        (`log`, for grading.grade with that `nonce`)."""
         assert self.backend
-        await self.run(self.backend.put_file, c.id, swe_eval.PATCH_PATH, patch.encode())
+        await self.run(self.backend.put_file, c.id, grading.PATCH_PATH, patch.encode())
         nonce = secrets.token_hex(16) if instance is not None else None
         plan = referee.plan(instance, patch, script) if instance is not None else None
-        run_script = swe_eval.frame_script(plan.wrap(script) if plan else script) if nonce else script
+        run_script = grading.frame_script(plan.wrap(script) if plan else script) if nonce else script
         await self.run(self.backend.put_file, c.id, EVAL_PATH, run_script.encode(), 0o755)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
         if plan is not None:
             prefix += f"mkdir -p -m 700 {plan.run_dir} && "
-        attempts = " || ".join(f"{cmd} {swe_eval.PATCH_PATH}" for cmd in swe_eval.APPLY_PATCH_COMMANDS)
+        attempts = " || ".join(f"{cmd} {grading.PATCH_PATH}" for cmd in grading.APPLY_PATCH_COMMANDS)
         apply = await self.exec(c, f"{prefix}({attempts})", cwd, {}, APPLY_TIMEOUT_S)
         if apply.returncode != 0:
             return {"resolved": False, "returncode": apply.returncode, "output": self._tail(apply.output),
@@ -360,7 +361,7 @@ class Envd:
         out: dict[str, Any] = {"resolved": run.returncode == 0 and not run.timed_out,
                                "returncode": run.returncode, "output": self._tail(output),
                                "timed_out": run.timed_out,
-                               "log": swe_eval.frame_log(output, nonce) if nonce else output,
+                               "log": grading.frame_log(output, nonce) if nonce else output,
                                "nonce": nonce, "referee": (plan, run.output) if plan else None}
         if run.timed_out:
             out["error"] = f"evaluation timed out after {timeout_s:g}s"
@@ -407,7 +408,7 @@ class Envd:
             ref = result.pop("referee", None)
             if result.get("returncode") is None or (result.get("error", "").startswith("patch does not apply")):
                 return result
-            report = await anyio.to_thread.run_sync(swe_eval.grade, instance, full_log, nonce)
+            report = await anyio.to_thread.run_sync(grading.grade, instance, full_log, nonce)
             found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
                                    f"harness: {why}") for why in report.forged]
             verdict = None

@@ -1,4 +1,4 @@
-"""SWE images: which image a row runs in, and local building of the bundled task images.
+"""Local building of the bundled task images (which image a row runs in: its dataset adapter, swe.adapters).
 
 No registry is reachable, so the bundled tasks' images are built here from Debian packages:
 a base rootfs made once by debootstrap (`swarl/base:bookworm`), then one image per task with
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from common.files import machine_lock
 from common.logs import get_logger
-from envd.tasks import load_tasks, task_files
-from envd.tasks.gitrepo import GIT_ENV
-from envd.tasks.specs import REPO_PREFIX, task_image_name
+from swe.images import image_for
+from swe.tasks import load_tasks, task_files
+from swe.tasks.gitrepo import GIT_ENV
 
 if TYPE_CHECKING:  # docker is heavy to import; commands import it when they run
     import docker
@@ -48,36 +48,6 @@ IMAGE_ENV = [
     "PYTHONDONTWRITEBYTECODE=1",
     "PAGER=cat",
 ]
-
-# --- naming -----------------------------------------------------------------------------------
-
-def image_for(instance: dict[str, Any], data_source: str | None = None) -> str:
-    """The Docker image a SWE row runs in.
-
-    A row's own `image_name` wins; bundled tasks (repo `swarl-tasks/...`) use
-    `swarl/task.<name>-<n>:latest`; otherwise SWE-bench or SWE-Gym naming. SWE-Gym rows are
-    told apart by `data_source` (argument or row field) mentioning "gym", or, failing that, by
-    lacking `environment_setup_commit` (SWE-Gym rows have no such column).
-    """
-    if instance.get("image_name"):
-        return str(instance["image_name"])
-    iid = instance.get("instance_id")
-    if not iid or not isinstance(iid, str):
-        raise ValueError("instance_id: required to name the image")
-    repo = str(instance.get("repo") or "")
-    if repo.startswith(f"{REPO_PREFIX}/"):
-        return task_image_name(iid)
-    source = (data_source or instance.get("data_source") or "").lower()
-    if "gym" in source:
-        gym = True
-    elif "swe-bench" in source or "swe_bench" in source or "swebench" in source:
-        gym = False
-    else:
-        gym = "environment_setup_commit" not in instance
-    if gym:
-        return f"docker.io/xingyaoww/sweb.eval.x86_64.{iid.replace('__', '_s_')}:latest".lower()
-    return f"docker.io/swebench/sweb.eval.x86_64.{iid.replace('__', '_1776_')}:latest".lower()
-
 
 # --- base image -------------------------------------------------------------------------------
 
@@ -217,7 +187,7 @@ def build_task_image(client: docker.DockerClient, task: dict[str, Any], force: b
         sha = _exec(container, "git rev-parse HEAD").strip()
         if sha != task["base_commit"]:
             raise RuntimeError(f"{task['instance_id']}: /testbed commit {sha} != base_commit "
-                               f"{task['base_commit']} (regenerate envd/tasks/tasks.jsonl)")
+                               f"{task['base_commit']} (regenerate swe/tasks/tasks.jsonl)")
         repo, tag = image.rsplit(":", 1)
         container.commit(repository=repo, tag=tag, conf={
             "Labels": {LABEL_TASK: task["instance_id"], LABEL_HASH: content_hash},

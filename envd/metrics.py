@@ -29,7 +29,7 @@ class EnvdMetrics:
                                   ["result"], registry=r)
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
         self.reward_hacks = Counter("envd_reward_hack_attempts", "Patches refused for changing how tests "
-                                    "run or report, by kind (envd.tamper.KINDS).", ["kind"], registry=r)
+                                    "run or report, by kind (swe.tamper.KINDS).", ["kind"], registry=r)
         self.errors = Counter("envd_errors", "Error answers, by endpoint and status.",
                               ["endpoint", "status"], registry=r)
         # task images: pulls (apart from create time), the disk budget

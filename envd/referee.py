@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
-from envd.swe_eval import END_TEST_OUTPUT, REAP_OTHERS, START_TEST_OUTPUT
-from envd.tamper import RUNNER_PACKAGES, Tamper, row_test_files
+from swe.grading import END_TEST_OUTPUT, REAP_OTHERS, START_TEST_OUTPUT
+from swe.tamper import RUNNER_PACKAGES, Tamper, row_test_files
 
 __all__ = ["MAX_ISOLATED", "Canary", "RefereePlan", "Verdict", "judge", "plan", "test_status"]
 
@@ -95,7 +95,7 @@ class RefereePlan:
                 f"{self.run_dir}/run.json": json.dumps(cfg).encode()}
 
     def wrap(self, script: str) -> str:
-        """The eval script (before swe_eval.frame_script) with its test command run by the
+        """The eval script (before swe.grading.frame_script) with its test command run by the
         referee, after every process the earlier steps left is killed (the run's key is on disk
         until the referee reads it). The script deletes itself first: the test patch it carries
         would tell the canaries from the tests the patch added."""
@@ -126,7 +126,7 @@ def plan(inst: dict[str, Any], patch: str, script: str, rng: random.Random | Non
     """How to run `script` (the eval script, before framing) through the referee; None when its test
     command is not pytest (django's and sympy's runners: graded from the log, docs/security.md)
     or no FAIL_TO_PASS test names a pytest file."""
-    from envd.rows import listed_tests
+    from swe.rows import listed_tests
 
     if _test_command(script.splitlines())[1] is None:
         return None
@@ -350,7 +350,7 @@ def test_status(run: dict[str, Any], test_id: str) -> str:
 def judge(p: RefereePlan, output: str, inst: dict[str, Any], log_status: dict[str, str],
           timed_out: bool = False) -> Verdict:
     """The verdict from the referee's signed records, cross-checked with the log's statuses."""
-    from envd.rows import listed_tests
+    from swe.rows import listed_tests
 
     f2p, p2p = listed_tests(inst, "FAIL_TO_PASS"), listed_tests(inst, "PASS_TO_PASS")
     listed = f2p + p2p

@@ -10,7 +10,7 @@ Output directory:
   docker_images.txt    one image a line (deduplicated), for pre-pulling on Docker nodes
   errors.jsonl         rows skipped with --on-error skip (where, instance_id, field, error)
   prepare.json         counts and the arguments of this run
-Every row is checked by `envd.rows.validate_row` (the one SWE row validator: an error names the
+Every row is checked by `swe.rows.validate_row` (the one SWE row validator: an error names the
 row — file line or index, and instance_id — and the field) and written with its Docker image
 in `image_name`.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import get_logger
-from envd.rows import RowError, SourceRow, jsonl_rows, source_row, validate_row
+from swe.rows import RowError, SourceRow, jsonl_rows, source_row, validate_row
 
 log = get_logger("data")
 
@@ -41,7 +41,7 @@ HUB_DATASETS = {
     "SWE-bench/SWE-bench_Verified": "test",
 }
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
-BUNDLED = "swarl-tasks"  # the bundled task suite (envd/tasks): splits all, train, heldout
+BUNDLED = "swarl-tasks"  # the bundled task suite (swe/tasks): splits all, train, heldout
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -90,7 +90,7 @@ def read_source(source: str, split: str) -> Iterator[SourceRow | RowError]:
 
 
 def _read_bundled(split: str) -> Iterator[SourceRow]:
-    from envd.tasks import SPLITS, load_tasks
+    from swe.tasks import SPLITS, load_tasks
 
     if split not in SPLITS:
         raise DataError(f"--split: {BUNDLED} has splits {', '.join(SPLITS)}, got {split!r}")

@@ -59,11 +59,11 @@ RESTART = Restart(backoff_s=1.0, backoff_max_s=30.0, burst=5, interval_s=300.0)
 STATUS_STALE_S = 5.0  # a status read slower than this (Redis away) shows as such in the view
 
 
-SUITE = "generated"  # envd/tasks/generated.py: instances that must be read
+SUITE = "generated"  # swe/tasks/generated.py: instances that must be read
 EVAL_SPLITS = ("train", "heldout", "heldout_family")
-HANDWRITTEN = "handwritten"  # the bundled hand-written suite (envd/tasks/tasks.jsonl), evaluated as is
+HANDWRITTEN = "handwritten"  # the bundled hand-written suite (swe/tasks/tasks.jsonl), evaluated as is
 ARMS = ("rl", "shuffled")  # shuffled: learner.reward_shuffle, the shuffled-reward control
-# practice instances the warm start demonstrates on (envd.tasks.generated.practice): 1,200 steps of
+# practice instances the warm start demonstrates on (swe.tasks.generated.practice): 1,200 steps of
 # 8, about 3.5 min on 2 cores; the loss reaches its floor (the choice among a family's edits) by ~1,000
 PRACTICE = 9600
 
@@ -150,12 +150,12 @@ class Demo:
             client.close()
 
     def train_rows(self) -> list[dict[str, Any]]:
-        from envd.tasks import load_tasks
+        from swe.tasks import load_tasks
 
         return per_family(load_tasks("train", suite=SUITE), self.o.train_per_family)
 
     def eval_rows(self, split: str) -> list[dict[str, Any]]:
-        from envd.tasks import load_tasks
+        from swe.tasks import load_tasks
 
         if split == HANDWRITTEN:
             return per_family(load_tasks("all", suite="bundled"), self.o.eval_per_family)
@@ -181,9 +181,9 @@ class Demo:
 
         from actors.encoding import ChatEncoder
         from actors.templates import load_templates
-        from envd.tasks.generated import demo_row, practice
         from inference.tiny_model import init_tiny
         from swarl.warmstart import demonstrations, sft
+        from swe.tasks.generated import demo_row, practice
 
         cfg = self.config()
         ws = self.o.seed if self.o.warm_seed is None else self.o.warm_seed

@@ -1,5 +1,5 @@
 """Supervised warm start for the demo: teach a fresh tiny model the agent's procedure on the
-generated instances (envd/tasks/generated.py), so that it inspects, edits and submits in
+generated instances (swe/tasks/generated.py), so that it inspects, edits and submits in
 well-formed actions — the procedure, not the answers.
 
 Each demonstration is three turns: inspect (`grep -rn -A2 'def <fn>(' .`, the function the
@@ -42,7 +42,7 @@ def answer(thought: str, command: str) -> str:
 
 def procedure(row: dict[str, Any], fix: str, inst: Any = None) -> list[tuple[str, str]]:
     """(answer, observation) per turn of one demonstration on a generated instance."""
-    from envd.tasks.generated import get_instance, inspect_output
+    from swe.tasks.generated import get_instance, inspect_output
 
     inst = inst or get_instance(row["instance_id"])
     return [(answer(INSPECT_THOUGHT, row["swarl_inspect_command"]), inspect_output(inst)),
@@ -65,7 +65,7 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
         row, inst = (item if isinstance(item, tuple) else (item, None))
         if row.get("swarl_suite") != "generated":
             raise ValueError(f"{row['instance_id']}: demonstrations need generated instances "
-                             "(envd/tasks/generated.py), which say how to inspect them")
+                             "(swe/tasks/generated.py), which say how to inspect them")
         if row["swarl_split"] not in ("train", "practice"):
             raise ValueError(f"{row['instance_id']}: no demonstrations on held-out instances")
         edits = list(row["swarl_edit_commands"].values())

@@ -3,7 +3,7 @@
 `task_images` (session): builds every bundled task image once (cached by content hash) and
 returns {instance_id: image}. `TaskRunner` evaluates several patch / command variants of one
 task in one container of its image (reset between variants with git reset/clean), the way
-envd's /container/evaluate does, and grades each with envd.swe_eval.grade. `patch_of` and
+envd's /container/evaluate does, and grades each with swe.grading.grade. `patch_of` and
 `evaluate_patch` drive an agent container through envd's own HTTP API instead (what the reward-hack
 tests grade through).
 """
@@ -52,7 +52,7 @@ class TaskRunner:
         self.container.start()
 
     def run(self, row: dict[str, Any], variants: list[Variant], timeout_s: int = 240) -> dict[str, tuple[Any, str]]:
-        from envd.swe_eval import apply_patch_script, eval_script_for, grade
+        from swe.grading import apply_patch_script, eval_script_for, grade
 
         files = {"/tmp/swarl_eval.sh": eval_script_for(row)}
         script = ["cd /testbed"]
@@ -105,7 +105,7 @@ def docker_client(docker_url: str) -> Iterator[Any]:
 def task_images(docker_client: Any) -> dict[str, str]:
     """Every bundled task's image, built once (cached across sessions): {instance_id: image}."""
     from envd.images import build_task_images
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     tasks = load_tasks("all")
     images = build_task_images(docker_client, tasks, progress=False)

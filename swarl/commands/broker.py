@@ -25,7 +25,7 @@ def enqueue(
     idempotent (deterministic job ids)."""
     from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for
     from common.services import redis_for_command
-    from envd.rows import RowError, read_rows
+    from swe.rows import RowError, read_rows
 
     cfg = load(config, sets)
     keys = cfg.keys

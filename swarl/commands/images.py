@@ -53,8 +53,8 @@ def name(
     """Print the Docker image a SWE-bench / SWE-Gym / bundled row runs in."""
     import sys
 
-    from envd.images import image_for
-    from envd.rows import source_row
+    from swe.images import image_for
+    from swe.rows import source_row
 
     text = sys.stdin.read() if instance_json == "-" else instance_json
     if instance_json != "-" and not instance_json.lstrip().startswith("{") and Path(instance_json).is_file():
@@ -75,7 +75,7 @@ def list_tasks(
     suite: Annotated[str, typer.Option("--suite", help="bundled (hand-written) | generated (the demo's).")] = "bundled",
 ) -> None:
     """List the bundled tasks: instance_id, split, bug family, image."""
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     for t in load_tasks(split):
         typer.echo(f"{t['instance_id']}\t{t['swarl_split']}\t{t['swarl_family']}\t{t['image_name']}")
@@ -107,10 +107,10 @@ def prefetch(
     import asyncio
     import math
 
-    from envd.rows import RowError, read_rows
     from swarl.cliutil import load
     from swarl.commands.envd import _token
     from swarl.prefetch import run_prefetch
+    from swe.rows import RowError, read_rows
 
     cfg = load(config, sets)
     errors: list[RowError] = []
@@ -172,7 +172,7 @@ def push(
 
 def _bundled_tasks(split: str, only: list[str] | None, suite: str = "bundled") -> list[dict[str, Any]]:
     """The split's bundled tasks, or those named by --only (exit 2 naming any that is not there)."""
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     try:
         tasks = load_tasks(split, suite=suite)

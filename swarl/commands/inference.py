@@ -201,7 +201,7 @@ def scripted_serve(
         rows = [json.loads(line) for line in Path(tasks).read_text().splitlines() if line.strip()]
         rows = [r.get("metadata", {}).get("instance", r) for r in rows]  # prepared JSONL or raw rows
     else:
-        from envd.tasks import load_tasks
+        from swe.tasks import load_tasks
 
         rows = load_tasks("all")
     asyncio.run(serve(tokenizer, mode, host, port, key, weight_version, rows,

@@ -39,7 +39,7 @@ def demo(
                                               "the warm start's SFT for as many steps as the learner took and "
                                               "evaluate it (the SFT control).")] = True,
     handwritten: Annotated[bool, typer.Option("--handwritten/--no-handwritten", help="Also evaluate the "
-                                              "hand-written suite (envd/tasks/tasks.jsonl) before and after.")] = True,
+                                              "hand-written suite (swe/tasks/tasks.jsonl) before and after.")] = True,
     recheck: Annotated[bool, typer.Option("--recheck", help="Evaluate the warm start again after training "
                                           "(determinism: must equal the first evaluation).")] = False,
     seeds: Annotated[str | None, typer.Option("--seeds", help="Per seed (comma-separated, e.g. 0,1,2,3,4) the "
@@ -99,7 +99,7 @@ def eval_(
 ) -> None:
     """Evaluate a policy on SWE instances without training (resumable)."""
     from actors.evaluate import EvalTarget, evaluate
-    from envd.rows import RowError, read_rows
+    from swe.rows import RowError, read_rows
 
     cfg = load(config, sets, extra={"actor.step_limit": step_limit, "actor.sampling.max_new_tokens": max_tokens,
                                      "actor.sampling.temperature": temperature, "pool.url": pool_url})

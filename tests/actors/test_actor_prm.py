@@ -193,8 +193,8 @@ async def test_actor_episodes_on_bundled_tasks_with_a_registered_judge(task_imag
     from broker.connection import connect
     from broker.keys import Keys
     from broker.registry import ServerRegistry
-    from envd.tasks import load_tasks
     from swarl.wiring import actor_runtime
+    from swe.tasks import load_tasks
 
     a, b = load_tasks("train")[:2]
     rows = [{**a, "swarl_scripted_mode": "fix", "swarl_prm_votes": [["+1", "-1", "+1"]]},

@@ -483,7 +483,7 @@ async def test_tiny_model_episode_logprobs_match_transformers(cpu_server_factory
 async def test_bundled_tasks_gold_fix_plus_one_wrong_fix_minus_one(task_images, pool_server, redis_url,
                                                                   tiny_model_dir, tmp_path):
     """The bundled suite through the pool: evaluation in a fresh container, SWE-bench grading."""
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     a, b = load_tasks("train")[:2]
     rows = [{**a, "swarl_scripted_mode": "fix"}, {**b, "swarl_scripted_mode": "wrong"}]

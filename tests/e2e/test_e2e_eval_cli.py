@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from common.services import free_port
-from envd.tasks import load_tasks
+from swe.tasks import load_tasks
 
 SWARL = str(Path(sys.executable).parent / "swarl")
 

@@ -10,7 +10,7 @@ import pytest
 
 from actors.config import ActorConfig, SamplingConfig
 from actors.evaluate import EvalTarget, episode_seed, evaluate
-from envd.tasks import load_tasks
+from swe.tasks import load_tasks
 
 pytestmark = [pytest.mark.docker]
 

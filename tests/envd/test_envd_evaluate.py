@@ -96,7 +96,7 @@ async def test_bundled_task_graded_through_the_pool(pool_server, docker_url):
 
     from envd.client import EnvdClient
     from envd.images import build_task_image, ensure_base_image
-    from envd.tasks import load_tasks
+    from swe.tasks import load_tasks
 
     row = load_tasks("all")[0]
     client = docker.DockerClient(base_url=docker_url, timeout=600)

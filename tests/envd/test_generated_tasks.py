@@ -1,4 +1,4 @@
-"""The generated suite (envd/tasks/generated.py): tasks where reading decides the edit.
+"""The generated suite (swe/tasks/generated.py): tasks where reading decides the edit.
 
 Without Docker: the rows are fresh, valid SWE-bench rows; no fix command, path or function
 name repeats across instances (nothing to memorise); held-out repositories' module paths and
@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from fixtures_tasks import Variant, run_variants
 
-from envd.rows import validate_row
-from envd.tasks import load_tasks
-from envd.tasks.generated import (
+from swarl.demo import PRACTICE
+from swe.rows import validate_row
+from swe.tasks import load_tasks
+from swe.tasks.generated import (
     FAMILIES,
     HELDOUT_FAMILIES,
     PRIMITIVES,
@@ -39,14 +40,13 @@ from envd.tasks.generated import (
     practice,
     resolves,
 )
-from swarl.demo import PRACTICE
 
 ROWS = load_tasks("all", suite="generated")
 GOLD_IDENTICAL = "@@gold-identical"
 
 
 def test_generated_rows_are_fresh_and_valid() -> None:
-    assert main(["--check"]) == 0, "run `python -m envd.tasks.generated`"
+    assert main(["--check"]) == 0, "run `python -m swe.tasks.generated`"
     for row in ROWS:
         validate_row(row)
     assert {r["swarl_split"] for r in ROWS} == {"train", "heldout", "heldout_family"}

@@ -19,9 +19,9 @@ from envd.images import (
     build_task_images,
     debian_mirror,
     ensure_base_image,
-    image_for,
 )
-from envd.tasks import get_task, load_tasks
+from swe.images import image_for
+from swe.tasks import get_task, load_tasks
 
 SWARL = [str(Path(sys.executable).with_name("swarl"))]
 LITE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "swe-bench-lite-test.json"

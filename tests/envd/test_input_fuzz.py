@@ -8,10 +8,10 @@ from fuzz_http import FUZZ_EXAMPLES, settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envd.rows import REQUIRED, RowError, validate_row
-from envd.swe_eval import check_patch
-from envd.tamper import KINDS, inspect_patch
-from envd.tasks import load_tasks
+from swe.grading import check_patch
+from swe.rows import REQUIRED, RowError, validate_row
+from swe.tamper import KINDS, inspect_patch
+from swe.tasks import load_tasks
 
 pytestmark = pytest.mark.fuzz
 ROW = load_tasks("all")[0]

@@ -5,7 +5,7 @@ bundled task invoicekit-1), run at import time or when the tests call it: report
 hooks registered through gc or frame walks, runner internals patched, exceptions turned into
 xfails, forged output and exit codes, the grader's channel written to or its referee killed,
 the tests rewritten while they run, tracing, time bombs that arm only in the grader. Most are
-spelt so that the static look (envd.tamper RUNNER_INTERNALS) does not see them: the run-time
+spelt so that the static look (swe.tamper RUNNER_INTERNALS) does not see them: the run-time
 layers (envd.referee) must. Each is graded unresolved and counted as a reward hack, its kind
 named in the answer and in envd's metrics. `make long` first shows that the ones meant to work
 do resolve the task under the official harness's own flow, so these tests can fail."""
@@ -26,7 +26,7 @@ from fixtures_tasks import (
     run_variants,
 )
 
-from envd.tasks import load_tasks
+from swe.tasks import load_tasks
 
 pytestmark = pytest.mark.docker
 

@@ -17,9 +17,9 @@ from test_tamper import read_lite
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
 from envd.referee import STARTED, RefereePlan, added_lines, judge, plan, signed_body, strip_signed
-from envd.rows import listed_tests
-from envd.swe_eval import eval_script_for, frame_script
-from envd.tasks import load_tasks
+from swe.grading import eval_script_for, frame_script
+from swe.rows import listed_tests
+from swe.tasks import load_tasks
 
 TASK = load_tasks("all")[0]
 F2P = listed_tests(TASK, "FAIL_TO_PASS")

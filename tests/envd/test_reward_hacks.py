@@ -21,7 +21,7 @@ from fixtures_tasks import (
     run_variants,
 )
 
-from envd.tasks import load_tasks
+from swe.tasks import load_tasks
 
 pytestmark = pytest.mark.docker
 
@@ -34,7 +34,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     outcome.get_result().outcome = "passed"
 """
-# The same hook spelt so that envd.tamper's static look at non-test code does not see it.
+# The same hook spelt so that swe.tamper's static look at non-test code does not see it.
 HIDDEN_HOOK = """import pytest
 
 
@@ -122,8 +122,8 @@ def _official_resolved(log: str) -> bool:
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
     from swebench.harness.log_parsers.python import parse_log_pytest
 
-    from envd.rows import listed_tests
-    from envd.swe_eval import END_TEST_OUTPUT, START_TEST_OUTPUT
+    from swe.grading import END_TEST_OUTPUT, START_TEST_OUTPUT
+    from swe.rows import listed_tests
 
     section = log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
     status = parse_log_pytest(section, None)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""envd.rows: the one SWE row validator (bad rows named by where, instance_id and field;
+"""swe.rows: the one SWE row validator (bad rows named by where, instance_id and field;
 image_name set once) and the JSONL reader of `swarl enqueue` / `swarl eval`."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from envd.rows import RowError, listed_tests, read_rows, validate_row
-from envd.tasks import load_tasks
+from swe.rows import RowError, listed_tests, read_rows, validate_row
+from swe.tasks import load_tasks
 
 
 def _row(**over: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""envd.swe_eval: eval scripts (the row's own or the official harness's), patch checks and
+"""swe.grading: eval scripts (the row's own or the official harness's), patch checks and
 SWE-bench grading with the harness's log parsers (row validation: test_rows.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from envd.rows import listed_tests
-from envd.swe_eval import (
+from swe.grading import (
     APPLY_PATCH_FAIL,
     END_TEST_OUTPUT,
     START_TEST_OUTPUT,
@@ -20,7 +19,8 @@ from envd.swe_eval import (
     eval_script_for,
     grade,
 )
-from envd.tasks import load_tasks
+from swe.rows import listed_tests
+from swe.tasks import load_tasks
 
 LITE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "swe-bench-lite-test.json"
 

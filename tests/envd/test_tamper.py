@@ -1,4 +1,4 @@
-"""envd.tamper and the grader's framing, without Docker: which patches change how tests run or
+"""swe.tamper and the grader's framing, without Docker: which patches change how tests run or
 report, on hand-made diffs, on the bundled tasks and on the 300 real SWE-bench Lite rows (every
 gold patch passes, every test patch alone is refused)."""
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from envd.rows import listed_tests
-from envd.swe_eval import END_TEST_OUTPUT, START_TEST_OUTPUT, frame_log, frame_script, grade
-from envd.tamper import (
+from swe.grading import END_TEST_OUTPUT, START_TEST_OUTPUT, frame_log, frame_script, grade
+from swe.rows import listed_tests
+from swe.tamper import (
     inspect_patch,
     pytest_settings_changed,
     restore_script,
     row_test_files,
     runner_files,
 )
-from envd.tasks import load_tasks
+from swe.tasks import load_tasks
 
 # CI lays the data out beside the clone: <repo>/../shared/data (never one machine's absolute path)
 LITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "swe-bench-lite-test.json"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fixtures_tasks import Variant, run_variants
 
-from envd.rows import listed_tests
-from envd.tasks import load_tasks
+from swe.rows import listed_tests
+from swe.tasks import load_tasks
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

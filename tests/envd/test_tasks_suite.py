@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from envd.images import image_for
-from envd.rows import listed_tests, validate_row
-from envd.swe_eval import check_patch
-from envd.tasks import TASKS_JSONL, get_task, load_tasks, task_files
-from envd.tasks.generate import dumps, generate
-from envd.tasks.specs import FAMILIES, REPOS_DIR, TaskSpecError, load_spec_file, load_specs
+from swe.grading import check_patch
+from swe.images import image_for
+from swe.rows import listed_tests, validate_row
+from swe.tasks import TASKS_JSONL, get_task, load_tasks, task_files
+from swe.tasks.generate import dumps, generate
+from swe.tasks.specs import FAMILIES, REPOS_DIR, TaskSpecError, load_spec_file, load_specs
 
 SWE_BENCH_FIELDS = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement",
                     "hints_text", "created_at", "version", "FAIL_TO_PASS", "PASS_TO_PASS",
@@ -24,7 +24,7 @@ def test_tasks_jsonl_is_in_sync_with_sources() -> None:
     # Regenerating (git commits with the fixed identity on this machine) gives the same bytes,
     # so base_commit is the sha the image's /testbed commit will have.
     assert TASKS_JSONL.read_text() == dumps(generate()), \
-        "envd/tasks/tasks.jsonl is stale: run `python -m envd.tasks.generate`"
+        "swe/tasks/tasks.jsonl is stale: run `python -m swe.tasks.generate`"
 
 
 def test_suite_size_families_and_splits() -> None:
@@ -108,8 +108,8 @@ def test_commands_edit_the_buggy_line_on_the_host(tmp_path) -> None:
     wrong command edits the same file into something else."""
     import subprocess
 
-    from envd.tasks.generate import repo_files
-    from envd.tasks.gitrepo import write_files
+    from swe.tasks.generate import repo_files
+    from swe.tasks.gitrepo import write_files
 
     for row in load_tasks():
         files = task_files(row["instance_id"])
@@ -124,7 +124,7 @@ def test_commands_edit_the_buggy_line_on_the_host(tmp_path) -> None:
             assert (edited == correct) == (i == 0), (row["instance_id"], cmd)
 
 
-# --- the spec files (envd/tasks/repos/<repo>.yaml) ---------------------------------------------
+# --- the spec files (swe/tasks/repos/<repo>.yaml) ---------------------------------------------
 
 def test_every_repository_has_its_spec_file() -> None:
     specs = load_specs()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envd.tasks import get_task, task_files
+from swe.tasks import get_task, task_files
 
 TASK = "swarl-tasks__invoicekit-1"
 SWARL_ACTION_REGEX = r"```bash\s*\n(.*?)\n```"  # swarl's protocol (configs/prompts/swebench.yaml)

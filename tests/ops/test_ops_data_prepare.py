@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.services import free_port
-from envd.rows import validate_row
 from swarl.data_prepare import DataError, prepare
+from swe.rows import validate_row
 
 REPO = Path(__file__).resolve().parents[2]
 LITE = REPO.parent / "shared" / "data" / "swe-bench-lite-test.json"
@@ -206,7 +206,7 @@ def test_hub_dataset_unreachable_fails_fast_and_clearly(tmp_path):
 
 
 def test_bundled_tasks_by_name_and_by_file(tmp_path):
-    tasks = pytest.importorskip("envd.tasks")
+    tasks = pytest.importorskip("swe.tasks")
     if not tasks.TASKS_JSONL.exists():
         pytest.skip("bundled tasks not generated")
     train = prepare("swarl-tasks", tmp_path / "t", split="train")
@@ -232,7 +232,7 @@ def test_bundled_tasks_by_name_and_by_file(tmp_path):
 @needs_lite
 def test_prepared_files_are_read_by_enqueue(tmp_path):
     """The consumer's reader (`swarl enqueue`, `swarl eval`) takes every prepared line."""
-    from envd.rows import read_rows
+    from swe.rows import read_rows
 
     prepare(str(LITE), tmp_path / "o", split="test", max_samples=40)
     for name in ("test.jsonl", "eval.jsonl"):

@@ -12,10 +12,10 @@ from transformers import AutoTokenizer
 
 from actors.encoding import ChatEncoder
 from actors.templates import load_templates
-from envd.tasks import load_tasks
-from envd.tasks.generated import demo_row, practice
 from swarl.config import REPO_ROOT
 from swarl.warmstart import SUBMIT, demonstrations
+from swe.tasks import load_tasks
+from swe.tasks.generated import demo_row, practice
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The code's shape, checked from its own imports: layers that point one way (import-linter's
 contract in pyproject.toml: the roof `swarl` > learner > actors | weight_sync > envd | inference >
-broker > the floor `common`) and no import circle between modules."""
+the SWE task model `swe` > broker > the floor `common`) and no import circle between modules."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import grimp
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("common", "broker", "envd", "inference", "actors", "weight_sync", "learner", "swarl")
+PACKAGES = ("common", "broker", "swe", "envd", "inference", "actors", "weight_sync", "learner", "swarl")
 
 
 def test_layer_contract_is_kept() -> None:

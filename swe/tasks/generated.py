@@ -15,7 +15,7 @@ applying every sequence of primitives and running the tests in process
 Every instance is a repository of its own (package `lib_<a>`, module `part_<b>.py`, four
 functions `fn_<c>` in a drawn order, parameter names and docstrings drawn) and a real
 SWE-bench row (base_commit, patch, test_patch, FAIL_TO_PASS / PASS_TO_PASS, eval_script)
-graded by its tests in Docker, like the hand-written suite (envd/tasks/tasks.jsonl). The issue
+graded by its tests in Docker, like the hand-written suite (swe/tasks/tasks.jsonl). The issue
 names the function and the symptom, never the file or the line.
 
 Splits (the `swarl_split` field):
@@ -26,7 +26,7 @@ Splits (the `swarl_split` field):
 - `heldout_family`: `sum_at_least`, whose fix is two primitives (one of `comparison`'s and one
   of `arithmetic`'s) applied in turn: demonstrated separately, never together.
 
-`python -m envd.tasks.generated` rewrites envd/tasks/generated.jsonl; `--check` exits 1 when
+`python -m swe.tasks.generated` rewrites swe/tasks/generated.jsonl; `--check` exits 1 when
 it is stale. The rows are a pure function of GEN_SEED and the tables below.
 """
 
@@ -44,9 +44,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from envd.tasks.generate import dumps, eval_script, sed_command, write_or_check
-from envd.tasks.gitrepo import commit_all, diff_after, write_files
-from envd.tasks.specs import REPO_PREFIX, task_image_name
+from swe.tasks.generate import dumps, eval_script, sed_command, write_or_check
+from swe.tasks.gitrepo import commit_all, diff_after, write_files
+from swe.tasks.specs import REPO_PREFIX, task_image_name
 
 GENERATED_JSONL = Path(__file__).resolve().parent / "generated.jsonl"
 GEN_SEED = 20261123
@@ -518,7 +518,7 @@ def get_instance(instance_id: str) -> Instance:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return write_or_check(GENERATED_JSONL, dumps(generate()), "--check" in args, "envd.tasks.generated")
+    return write_or_check(GENERATED_JSONL, dumps(generate()), "--check" in args, "swe.tasks.generated")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """SWE-bench evaluation: a row's eval script, patch checks, grading a test log.
 
-The functions take a row as `envd.rows.validate_row` accepts it (envd validates the row of an
+The functions take a row as `swe.rows.validate_row` accepts it (envd validates the row of an
 evaluate request first).
 
 Grading follows the official harness (PyPI `swebench` 4.1.x): the test output between the
@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from envd.rows import listed_tests
+from swe.rows import listed_tests
 
 # The harness's framing and failure lines (swebench.harness.constants; copied so that
 # building a script or checking a patch does not import swebench).

@@ -1,8 +1,8 @@
 """The bundled SWE task suites, as SWE-bench-format rows:
-- `bundled` (envd/tasks/tasks.jsonl): 32 hand-written bugs in 8 small repositories
-  (envd/tasks/repos/<repo>/ and their bug specs envd/tasks/repos/<repo>.yaml);
-- `generated` (envd/tasks/generated.jsonl): instances that must be read, one repository each,
-  names and lines drawn per instance (envd/tasks/generated.py) — the demo's suite."""
+- `bundled` (swe/tasks/tasks.jsonl): 32 hand-written bugs in 8 small repositories
+  (swe/tasks/repos/<repo>/ and their bug specs swe/tasks/repos/<repo>.yaml);
+- `generated` (swe/tasks/generated.jsonl): instances that must be read, one repository each,
+  names and lines drawn per instance (swe/tasks/generated.py) — the demo's suite."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def get_task(instance_id: str) -> dict[str, Any]:
 
 def task_files(instance_id: str) -> dict[str, str]:
     """The files of the task's repository at its base commit (with the bug)."""
-    from envd.tasks.generate import buggy_files
-    from envd.tasks.generated import instance_files
-    from envd.tasks.specs import load_specs
+    from swe.tasks.generate import buggy_files
+    from swe.tasks.generated import instance_files
+    from swe.tasks.specs import load_specs
 
     for spec in load_specs():
         if spec.instance_id == instance_id:

@@ -1,7 +1,7 @@
-"""Generate the bundled task rows (envd/tasks/tasks.jsonl) from the repositories and their
-spec files (envd/tasks/repos/<repo>.yaml).
+"""Generate the bundled task rows (swe/tasks/tasks.jsonl) from the repositories and their
+spec files (swe/tasks/repos/<repo>.yaml).
 
-`python -m envd.tasks.generate` rewrites tasks.jsonl; `--check` exits 1 when it is stale.
+`python -m swe.tasks.generate` rewrites tasks.jsonl; `--check` exits 1 when it is stale.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from envd.tasks.gitrepo import commit_all, diff_after, write_files
-from envd.tasks.specs import REPO_PREFIX, REPOS_DIR, TaskSpec, load_specs, task_image_name
+from swe.tasks.gitrepo import commit_all, diff_after, write_files
+from swe.tasks.specs import REPO_PREFIX, REPOS_DIR, TaskSpec, load_specs, task_image_name
 
 TASKS_JSONL = Path(__file__).resolve().parent / "tasks.jsonl"
 HEREDOC = "EOF_114329324912"
@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = dumps(generate())
     except ValueError as e:  # a bad spec file (TaskSpecError) or a spec that does not fit its repo
-        print(f"envd.tasks.generate: {e}", file=sys.stderr)
+        print(f"swe.tasks.generate: {e}", file=sys.stderr)
         return 2
-    return write_or_check(TASKS_JSONL, text, "--check" in args, "envd.tasks.generate")
+    return write_or_check(TASKS_JSONL, text, "--check" in args, "swe.tasks.generate")
 
 
 def write_or_check(path: Path, text: str, check: bool, module: str) -> int:

@@ -1,7 +1,7 @@
 """The bundled SWE tasks' specs: one real bug per task, injected into a small repository.
 
-Each repository under envd/tasks/repos/<repo>/ holds the *correct* code and the tests that
-exist before the bug report; beside it, envd/tasks/repos/<repo>.yaml lists that repository's
+Each repository under swe/tasks/repos/<repo>/ holds the *correct* code and the tests that
+exist before the bug report; beside it, swe/tasks/repos/<repo>.yaml lists that repository's
 tasks (a YAML list of `TaskSpec` fields, `repo` being the file's name). Families: 8 kinds of
 bug × 4 tasks; the task with `heldout: true` in each family is the held-out one ("other tasks
 of the same bug families").
@@ -53,7 +53,7 @@ class TaskSpecError(ValueError):
 class TaskSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    repo: str = Field(description="The repository under envd/tasks/repos/ (the spec file's name).")
+    repo: str = Field(description="The repository under swe/tasks/repos/ (the spec file's name).")
     n: int = Field(ge=1, description="The task's number within its repository.")
     family: Family = Field(description="The kind of bug.")
     path: str = Field(description="The module the bug lives in, relative to the repository.")

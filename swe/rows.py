@@ -17,7 +17,7 @@ The rules:
 The row comes back as given (field forms kept: FAIL_TO_PASS stays a JSON string when it was
 one; `listed_tests` reads either form), with JSON-safe values (parquet's timestamps and arrays
 converted) and `image_name` set: the Docker image is decided here, once, by
-`envd.images.image_for` from the row and its data_source, and nothing downstream derives it
+`swe.images.image_for` from the row and its data_source, and nothing downstream derives it
 again.
 
 The eval script is not fixed here, although for rows whose repo and version the swebench
@@ -27,7 +27,7 @@ would add nothing the row does not determine; it would copy the test patch into 
 (about 20% more bytes for SWE-bench Lite, in every queued job and replayed sample); and
 building it imports swebench (about 3 s, with docker, datasets and modal) into `swarl enqueue`
 and every reader of rows. envd, which imports swebench to grade anyway, builds it where it runs
-it (`envd.swe_eval.eval_script_for`).
+it (`swe.grading.eval_script_for`).
 
 Files: `read_rows` reads JSONL for `swarl enqueue` / `swarl eval`: one record a line, either
 prepared (`{"text", "metadata": {"instance", "data_source"}}`, what `swarl data prepare`
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envd.images import image_for
+from swe.images import image_for
 
 __all__ = ["Row", "RowError", "SourceRow", "jsonl_rows", "listed_tests", "read_rows", "source_row",
            "validate_row"]
