@@ -18,6 +18,7 @@ PIN_TTL_S = 120            # a pin lives this long past its holder's last renewa
 # renewed by every call the pool forwards: a container whose pool lease vanished still expires.
 POOL_CONTAINER_TTL_FACTOR = 2
 ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
+EVAL_CLAIM_TTL_S = 60      # an eval worker's claim on a version or an eval server, renewed while it works
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,42 @@ class Keys:
     def envd_leases(self, node_id: str) -> str:
         """Sorted set container_id -> lease expiry, kept by the envd on node `node_id`."""
         return f"{self.base}:envd:{node_id}:leases"
+
+    # -- evaluation during training (broker.evals) ---------------------------------------
+    @property
+    def eval_pending(self) -> str:
+        """Sorted set version -> version: versions due for evaluation (every eval.every_versions-th
+        published one) without a result yet; the oldest is taken first."""
+        return f"{self.base}:eval:pending"
+
+    @property
+    def eval_scheduled(self) -> str:
+        """Int: the newest policy version the eval schedule has looked at (versions up to it were
+        added to eval_pending once, never again)."""
+        return f"{self.base}:eval:scheduled"
+
+    def eval_claim(self, version: int) -> str:
+        """String with TTL (EVAL_CLAIM_TTL_S): the id of the eval worker evaluating `version`,
+        renewed while it runs; a worker that dies lets it lapse and another takes the version."""
+        return f"{self.base}:eval:claim:{version}"
+
+    def eval_server_claim(self, server_id: str) -> str:
+        """String with TTL (EVAL_CLAIM_TTL_S): the id of the eval worker that owns eval server
+        `server_id`: only it loads weights there."""
+        return f"{self.base}:eval:server:{server_id}"
+
+    @property
+    def eval_tries(self) -> str:
+        """Hash version -> tries begun (a try ends in a result, or in a failure that leaves the
+        version pending until eval.max_tries)."""
+        return f"{self.base}:eval:tries"
+
+    @property
+    def eval_results(self) -> str:
+        """Hash version -> JSON {version, status (done/skipped/failed), reason, step, server,
+        weight_version_before/after, turn_versions, summary, started, finished}: one per version,
+        written once."""
+        return f"{self.base}:eval:results"
 
     # -- learner ------------------------------------------------------------------------
     @property
