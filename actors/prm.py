@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-from jinja2 import Environment, StrictUndefined, Template
+from jinja2 import Template
 
 from actors.config import PrmConfig
 from actors.context import head_tail
+from actors.templates import TemplateError, read_template_mapping, strict_env, template_file
 from common.logs import get_logger
 
 log = get_logger("actors.prm")
@@ -54,19 +54,14 @@ class JudgeTemplates:
     """The judge's system and user templates (Jinja2 in YAML, StrictUndefined)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        p = Path(path) if path else DEFAULT_TEMPLATE
-        if not p.is_absolute() and not p.exists() and (DEFAULT_TEMPLATE.parents[2] / p).exists():
-            p = DEFAULT_TEMPLATE.parents[2] / p
+        p = template_file(path, DEFAULT_TEMPLATE)
         try:
-            doc = yaml.safe_load(p.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise ValueError(f"prm.template: {p}: {e}") from e
-        if not isinstance(doc, dict) or not {"system", "user"} <= doc.keys():
-            raise ValueError(f"prm.template: {p}: expected a mapping with `system` and `user` templates")
-        env = Environment(undefined=StrictUndefined, keep_trailing_newline=False)
-        try:
+            doc = read_template_mapping(p, ("system", "user"))
+            env = strict_env()
             self._t: dict[str, Template] = {k: env.from_string(str(doc[k])) for k in ("system", "user")}
-        except Exception as e:
+        except TemplateError as e:  # names the file already
+            raise ValueError(f"prm.template: {e}") from e
+        except Exception as e:  # jinja2 raises several types
             raise ValueError(f"prm.template: {p}: {e}") from e
 
     def messages(self, **variables: Any) -> list[dict[str, str]]:

@@ -1,5 +1,7 @@
 """Prompt templates (Jinja2 in YAML, StrictUndefined) and the action protocol: parsing a turn's
-bash block and detecting the submission."""
+bash block and detecting the submission. The one template loader: the agent's prompts, the PRM
+judge's (actors/prm.py) and the systemd units (swarl/systemd.py) read and compile through
+`template_file`, `read_template_mapping` and `strict_env`."""
 
 from __future__ import annotations
 
@@ -13,11 +15,41 @@ import yaml
 from jinja2 import Environment, StrictUndefined, Template
 from pydantic import BaseModel, ConfigDict, Field
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "configs" / "prompts" / "swebench.yaml"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PROMPTS = REPO_ROOT / "configs" / "prompts" / "swebench.yaml"
 
 
 class TemplateError(ValueError):
     """A prompt file is missing, malformed, or a template failed to render (names the template)."""
+
+
+def strict_env(**options: Any) -> Environment:
+    """Jinja2 with StrictUndefined: a variable a template names but nobody passes fails loudly."""
+    return Environment(undefined=StrictUndefined, **{"keep_trailing_newline": False, **options})
+
+
+def template_file(path: str | Path | None, default: Path) -> Path:
+    """`path` as given, else relative to the repository (e.g. configs/prompts/compact.yaml from
+    any directory), else `default` when unset."""
+    p = Path(path) if path else default
+    if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists():
+        p = REPO_ROOT / p
+    return p
+
+
+def read_template_mapping(p: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping of template names, with `required` present; TemplateError naming the file."""
+    if not p.exists():
+        raise TemplateError(f"{p} does not exist")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise TemplateError(f"{p}: not valid YAML: {e}") from e
+    if not isinstance(doc, dict):
+        raise TemplateError(f"{p}: expected a mapping of template names")
+    if missing := [k for k in required if k not in doc]:
+        raise TemplateError(f"{p}: missing template(s) {', '.join(missing)}")
+    return doc
 
 
 class PromptTemplates(BaseModel):
@@ -39,7 +71,7 @@ class PromptTemplates(BaseModel):
 
     @cached_property
     def _compiled(self) -> dict[str, Template]:
-        env = Environment(undefined=StrictUndefined, keep_trailing_newline=False)
+        env = strict_env()
         return {name: env.from_string(getattr(self, name))
                 for name in ("system", "instance", "observation", "format_error", "context_marker")}
 
@@ -56,17 +88,8 @@ class PromptTemplates(BaseModel):
 
 
 def load_templates(path: str | Path | None = None) -> PromptTemplates:
-    p = Path(path) if path else DEFAULT_PROMPTS
-    if not p.is_absolute() and not p.exists() and (DEFAULT_PROMPTS.parents[2] / p).exists():
-        p = DEFAULT_PROMPTS.parents[2] / p  # e.g. configs/prompts/compact.yaml from any directory
-    if not p.exists():
-        raise TemplateError(f"prompt file {p} does not exist")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise TemplateError(f"{p}: not valid YAML: {e}") from e
-    if not isinstance(doc, dict):
-        raise TemplateError(f"{p}: expected a mapping of template names")
+    p = template_file(path, DEFAULT_PROMPTS)
+    doc = read_template_mapping(p)
     try:
         t = PromptTemplates.model_validate(doc)
         _ = t._compiled  # syntax errors surface at load time, not mid-episode

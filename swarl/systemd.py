@@ -19,6 +19,8 @@ UNITS = {
     "swarl-inference@.service": "swarl-inference@.service.j2",
     "swarl-actor@.service": "swarl-actor@.service.j2",
     "swarl-learner.service": "swarl-learner.service.j2",
+    "swarl-inference-eval@.service": "swarl-inference-eval@.service.j2",
+    "swarl-eval-worker.service": "swarl-eval-worker.service.j2",
     "swarl.target": "swarl.target.j2",
 }
 ENV_TEMPLATE = "swarl.env.j2"
@@ -36,12 +38,9 @@ def default_user() -> str:
 def _env() -> object:
     import jinja2
 
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,  # a missing variable fails loudly
-        keep_trailing_newline=True,
-        trim_blocks=True,
-    )
+    from actors.templates import strict_env
+
+    return strict_env(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), keep_trailing_newline=True, trim_blocks=True)
 
 
 def _check_value(name: str, value: str) -> str:
