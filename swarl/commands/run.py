@@ -94,12 +94,19 @@ def eval_(
     temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed every episode's sampling (SGLang's sampling_seed, one per task and sample): two policies evaluated with one seed meet the same draws (common random numbers). Off: fresh draws.")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="Server key (or SWARL_INFERENCE_API_KEY).", envvar="SWARL_INFERENCE_API_KEY")] = None,
+    model_name: Annotated[str | None, typer.Option("--model-name", help="model_name_or_path in the SWE-bench predictions (preds.json). Default: the server's served model name (else its model path).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
-    """Evaluate a policy on SWE instances without training (resumable)."""
+    """Evaluate a policy on SWE instances without training (resumable). Writes results.jsonl,
+    summary.json (resolve rate, pass@k) and the SWE-bench predictions of each sample index
+    (preds.json, preds-1.json, ...), which `python -m swebench.harness.run_evaluation` grades."""
     from actors.evaluate import EvalTarget, evaluate
     from swe.rows import RowError, read_rows
+
+    if model_name is not None and not model_name.strip():
+        typer.echo("swarl eval: --model-name: empty", err=True)
+        raise typer.Exit(2)
 
     cfg = load(config, sets, extra={"actor.step_limit": step_limit, "actor.sampling.max_new_tokens": max_tokens,
                                      "actor.sampling.temperature": temperature, "pool.url": pool_url})
@@ -118,6 +125,10 @@ def eval_(
     rows = [r.instance for r in parsed]  # validated, image_name set
     target = EvalTarget(server, api_key or cfg.actor.inference_api_key, cfg.pool.url, cfg.envd.token,
                         cfg.actor.tokenizer)
+
+    def progress(res: dict) -> None:  # the patch is in results.jsonl and the predictions
+        typer.echo(json.dumps({k: v for k, v in res.items() if k != "model_patch"}), err=True)
+
     summary = asyncio.run(evaluate(rows, target, out, cfg.actor, max_concurrent, n_samples,
-                                   on_result=lambda r: typer.echo(json.dumps(r), err=True), seed=seed))
+                                   on_result=progress, seed=seed, model_name=model_name))
     typer.echo(json.dumps(summary))
