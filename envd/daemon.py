@@ -52,7 +52,7 @@ from envd.schemas import (
     PullReq,
 )
 from envd.warm import WarmPool
-from swe import grading, tamper
+from swe import grading, harness, tamper
 from swe.rows import RowError, validate_row
 
 log = get_logger("envd")
@@ -322,7 +322,7 @@ class Envd:
     def _instance_script(self, req: EvaluateReq) -> tuple[dict[str, Any], str]:
         try:
             instance = validate_row(req.instance)
-            script = req.eval_script or grading.eval_script_for(instance)
+            script = req.eval_script or harness.eval_script_for(instance)
         except RowError as e:
             raise ApiError(422, f"field 'instance{'.' + e.field if e.field else ''}': {e.msg}") from None
         except ValueError as e:
@@ -332,10 +332,17 @@ class Envd:
     async def _run_eval(self, c: Owned, patch: str, script: str, cwd: str, timeout_s: float,
                         reset: bool, instance: dict[str, Any] | None = None) -> dict[str, Any]:
         """Apply `patch` in c (after a reset, in script mode) and run `script`. With `instance`
-        (SWE-bench grading in a fresh container), the test infrastructure is checked and put back
-        to the base commit after the patch, and the test output is framed by a per-run nonce
+        (grading in a fresh container), the row's adapter's setup script runs first, the test
+        infrastructure is checked and put back to the base commit after the patch, and the test output is framed by a per-run nonce
         (`log`, for grading.grade with that `nonce`)."""
         assert self.backend
+        setup = harness.setup_script_for(instance) if instance is not None else None
+        if setup:  # the row's start state, when its image alone is not it (the adapter's say)
+            ready = await self.exec(c, setup, cwd, {}, APPLY_TIMEOUT_S)
+            if ready.returncode != 0:
+                return {"resolved": False, "returncode": ready.returncode, "output": self._tail(ready.output),
+                        "error": f"the row's setup script failed: {self._tail(ready.output, 2000)}",
+                        "timed_out": ready.timed_out}
         await self.run(self.backend.put_file, c.id, grading.PATCH_PATH, patch.encode())
         nonce = secrets.token_hex(16) if instance is not None else None
         plan = referee.plan(instance, patch, script) if instance is not None else None
@@ -406,9 +413,10 @@ class Envd:
                                           instance=instance)
             full_log, nonce = result.pop("log", ""), result.pop("nonce", None)
             ref = result.pop("referee", None)
-            if result.get("returncode") is None or (result.get("error", "").startswith("patch does not apply")):
+            if result.get("returncode") is None or result.get("error", "").startswith(
+                    ("patch does not apply", "the row's setup script failed")):
                 return result
-            report = await anyio.to_thread.run_sync(grading.grade, instance, full_log, nonce)
+            report = await anyio.to_thread.run_sync(harness.grade, instance, full_log, nonce)
             found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
                                    f"harness: {why}") for why in report.forged]
             verdict = None

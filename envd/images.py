@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.files import machine_lock
 from common.logs import get_logger
-from swe.images import image_for
+from swe.harness import image_for
 from swe.tasks import load_tasks, task_files
 from swe.tasks.gitrepo import GIT_ENV
 

@@ -126,7 +126,7 @@ def plan(inst: dict[str, Any], patch: str, script: str, rng: random.Random | Non
     """How to run `script` (the eval script, before framing) through the referee; None when its test
     command is not pytest (django's and sympy's runners: graded from the log, docs/security.md)
     or no FAIL_TO_PASS test names a pytest file."""
-    from swe.rows import listed_tests
+    from swe.schema import listed_tests
 
     if _test_command(script.splitlines())[1] is None:
         return None
@@ -350,7 +350,7 @@ def test_status(run: dict[str, Any], test_id: str) -> str:
 def judge(p: RefereePlan, output: str, inst: dict[str, Any], log_status: dict[str, str],
           timed_out: bool = False) -> Verdict:
     """The verdict from the referee's signed records, cross-checked with the log's statuses."""
-    from swe.rows import listed_tests
+    from swe.schema import listed_tests
 
     f2p, p2p = listed_tests(inst, "FAIL_TO_PASS"), listed_tests(inst, "PASS_TO_PASS")
     listed = f2p + p2p

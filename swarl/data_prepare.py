@@ -1,8 +1,13 @@
-"""`swarl data prepare`: SWE-bench / SWE-Gym rows → prepared JSONL, with exports.
+"""`swarl data prepare`: rows of a SWE dataset (any family swe.adapters knows) → prepared JSONL.
 
-Input: a Hugging Face dataset id (loaded with `datasets` when the hub answers), a local
-JSON / JSONL / parquet file (plain SWE rows, or rows already prepared), or `swarl-tasks` (the
-bundled task suite; splits all, train, heldout).
+Input (`--source`): a Hugging Face dataset id (loaded with `datasets` when the hub answers), a
+dataset family's name (`swe-bench`, `swe-gym`, `swe-smith`, `r2e-gym`: its first listed hub
+dataset), a local JSON / JSONL / parquet file (plain rows, or rows already prepared), or
+`swarl-tasks` (the bundled task suite; splits all, train, heldout).
+
+The family (`--family`) decides how a row is checked, named and later graded: given, or the one
+whose adapter lists the dataset id exactly, else each row's own `dataset_family` or shape (see
+swe.adapters.base); a row that fits no family, or several, is an error naming the field.
 Output directory:
   <split>.jsonl        {"text": problem_statement, "metadata": {"instance": row, "data_source": ...}}
   eval.jsonl           the same records plus metadata.image, for `swarl eval --data`
@@ -10,9 +15,10 @@ Output directory:
   docker_images.txt    one image a line (deduplicated), for pre-pulling on Docker nodes
   errors.jsonl         rows skipped with --on-error skip (where, instance_id, field, error)
   prepare.json         counts and the arguments of this run
-Every row is checked by `swe.rows.validate_row` (the one SWE row validator: an error names the
-row — file line or index, and instance_id — and the field) and written with its Docker image
-in `image_name`.
+Every row is checked by `swe.rows.validate_row` (its family's adapter: an error names the row —
+file line or index, and instance_id — and the field) and written with its Docker image in
+`image_name` and its family in `dataset_family`. With --on-error fail (the default) one bad row
+means nothing is written.
 """
 
 from __future__ import annotations
@@ -26,20 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import get_logger
+from swe.adapters import adapters, family_of_source, get_adapter
 from swe.rows import RowError, SourceRow, jsonl_rows, source_row, validate_row
 
 log = get_logger("data")
 
-# Known hub datasets and their usual split.
-HUB_DATASETS = {
-    "SWE-Gym/SWE-Gym": "train",
-    "SumanthRH/SWE-Gym-Subset": "train",
-    "princeton-nlp/SWE-bench_Lite": "test",
-    "princeton-nlp/SWE-bench_Verified": "test",
-    "princeton-nlp/SWE-bench": "test",
-    "SWE-bench/SWE-bench_Lite": "test",
-    "SWE-bench/SWE-bench_Verified": "test",
-}
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 BUNDLED = "swarl-tasks"  # the bundled task suite (swe/tasks): splits all, train, heldout
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -55,6 +52,7 @@ class PrepareResult:
     source: str
     data_source: str
     split: str
+    family: str | None = None
     rows_read: int = 0
     rows_written: int = 0
     filtered_out: int = 0
@@ -68,8 +66,36 @@ class PrepareResult:
 
 # -- sources ---------------------------------------------------------------------------
 
+def hub_datasets() -> dict[str, str]:
+    """The hub datasets the adapters list, with their usual split."""
+    return {name: split for a in adapters().values() for name, split in a.hub_datasets.items()}
+
+
 def is_local(source: str) -> bool:
     return Path(source).exists() or source.endswith(LOCAL_SUFFIXES)
+
+
+def resolve_source(source: str, family: str | None) -> tuple[str, str | None]:
+    """(the source to read, the family its rows are read as). A family's name as the source
+    reads its first listed hub dataset (the bundled suite for swarl's own)."""
+    if family is not None:
+        try:
+            family = get_adapter(family).family
+        except RowError as e:
+            raise DataError(f"--family: {e.msg}") from None
+    if source == BUNDLED or is_local(source):
+        return source, family or ("swarl" if source == BUNDLED else None)
+    named = family_of_source(source)
+    if named is not None and source not in hub_datasets():  # a family's name, not a dataset id
+        if family is not None and family != named:
+            raise DataError(f"--source {source!r} is the {named} family, but --family says {family}")
+        hub = list(get_adapter(named).hub_datasets)
+        if named == "swarl" or not hub:
+            return BUNDLED, named
+        return hub[0], named
+    if named is not None and family is not None and family != named:
+        raise DataError(f"--source {source!r} is a {named} dataset, but --family says {family}")
+    return source, family or named
 
 
 def default_split(source: str) -> str:
@@ -77,7 +103,7 @@ def default_split(source: str) -> str:
         return "all"
     if is_local(source):
         return "train"
-    return HUB_DATASETS.get(source, "train")
+    return hub_datasets().get(source, "train")
 
 
 def read_source(source: str, split: str) -> Iterator[SourceRow | RowError]:
@@ -206,9 +232,12 @@ def prepare(
     repos: Iterable[str] = (),
     on_error: str = "fail",
     data_source: str | None = None,
+    family: str | None = None,
 ) -> PrepareResult:
     """Read, validate, filter and write. With on_error=fail nothing is written if any row
-    is bad, and the error lists every bad row (up to 20)."""
+    is bad, and the error lists every bad row (up to 20). `family` reads every row as that
+    dataset family (see resolve_source for what `source` may name)."""
+    source, family = resolve_source(source, family)
     if on_error not in ("fail", "skip"):
         raise DataError(f"--on-error: expected fail or skip, got {on_error!r}")
     if max_samples is not None and max_samples < 1:
@@ -216,7 +245,8 @@ def prepare(
     split = split or default_split(source)
     wanted = [r for r in repos if r.strip()]
     default_ds = data_source or (Path(source).stem if is_local(source) else source)
-    res = PrepareResult(out_dir=str(out_dir), source=source, data_source=default_ds, split=split)
+    res = PrepareResult(out_dir=str(out_dir), source=source, data_source=default_ds, split=split,
+                        family=family)
 
     kept: list[tuple[dict[str, Any], str]] = []
     errors: list[RowError] = []
@@ -229,7 +259,7 @@ def prepare(
             if isinstance(src, RowError):
                 raise src
             ds = data_source or src.data_source or default_ds
-            row = validate_row(src.row, ds, where=src.where)
+            row = validate_row(src.row, ds, family=family, where=src.where)
             iid = row["instance_id"]
             if iid in seen:
                 raise RowError(f"duplicate of {seen[iid]}", field="instance_id", where=src.where,

@@ -1,7 +1,9 @@
 """SWE-bench evaluation: a row's eval script, patch checks, grading a test log.
 
 The functions take a row as `swe.rows.validate_row` accepts it (envd validates the row of an
-evaluate request first).
+evaluate request first). `eval_script_for` and `grade` are SWE-bench's semantics, which the
+SWE-bench, SWE-Gym and swarl adapters use as they are and SWE-smith's with its own test command;
+which one a row gets is its adapter's choice (swe.adapters, swe.harness).
 
 Grading follows the official harness (PyPI `swebench` 4.1.x): the test output between the
 `>>>>> Start Test Output` / `>>>>> End Test Output` lines is parsed by the repo's log parser
@@ -14,12 +16,13 @@ lazily: it pulls in docker, datasets, modal and more.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from swe.rows import listed_tests
+from swe.schema import listed_tests
 
 # The harness's framing and failure lines (swebench.harness.constants; copied so that
 # building a script or checking a patch does not import swebench).
@@ -152,6 +155,37 @@ def _parser_for(inst: dict[str, Any]):
     raise ValueError(f"repo: no log parser known for {inst['repo']!r}; set the row's log_parser")
 
 
+_STATUSES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+_VERBOSE = re.compile(rf"^(\S+::\S.*?)\s+({_STATUSES})\b")
+_SUMMARY = re.compile(rf"^({_STATUSES})\s+(\S+::\S.*?)(?:\s+-\s.*)?$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_pytest(log: str, spec: Any = None, *, xpass_passes: bool = True) -> dict[str, str]:
+    """Test id -> status from pytest's verbose lines (`path::test STATUS`) and its -rA summary
+    lines (`STATUS path::test - message`), colours stripped; XPASS counts as PASSED unless
+    `xpass_passes` is False. A parser of swebench's signature (log, spec)."""
+    out: dict[str, str] = {}
+    for raw in log.splitlines():
+        line = _ANSI.sub("", raw).strip()
+        m = _VERBOSE.match(line)
+        test, status = (m.group(1), m.group(2)) if m else (None, None)
+        if m is None and (m := _SUMMARY.match(line)):
+            test, status = m.group(2), m.group(1)
+        if test and status:
+            out[test.strip()] = "PASSED" if status == "XPASS" and xpass_passes else status
+    return out
+
+
+def test_section(log: str, nonce: str | None = None) -> str | None:
+    """The test output between the start and end markers (with `nonce`: envd's own), else None."""
+    start, end = (f"{START_TEST_OUTPUT} {nonce}", f"{END_TEST_OUTPUT} {nonce}") if nonce else \
+        (START_TEST_OUTPUT, END_TEST_OUTPUT)
+    if start not in log or end not in log:
+        return None
+    return log.split(start, 1)[1].split(end, 1)[0]
+
+
 _GOOD, _BAD = {"PASSED", "XFAIL"}, {"FAILED", "ERROR"}
 
 
@@ -170,9 +204,11 @@ def forged_results(parser: Any, section: str, spec: Any, tests: list[str]) -> li
             for t, v in sorted(seen.items()) if v & _GOOD and v & _BAD]
 
 
-def grade(inst: dict[str, Any], log: str, nonce: str | None = None) -> EvalReport:
+def grade(inst: dict[str, Any], log: str, nonce: str | None = None, *,
+          parser: Callable[[str, Any], dict[str, str]] | None = None) -> EvalReport:
     """Grade the output of the eval script (`log`) against the row, SWE-bench style. With
-    `nonce`, only markers carrying it (frame_log's) delimit the test output."""
+    `nonce`, only markers carrying it (frame_log's) delimit the test output. `parser` (a
+    swebench-style `parse(log, spec)`) replaces the one the row's repo / log_parser picks."""
     from swebench.harness.constants import (
         FAIL_ONLY_REPOS,
         FAIL_TO_PASS,
@@ -187,7 +223,7 @@ def grade(inst: dict[str, Any], log: str, nonce: str | None = None) -> EvalRepor
 
     f2p, p2p = listed_tests(inst, "FAIL_TO_PASS"), listed_tests(inst, "PASS_TO_PASS")
     missing = EvalReport(fail_to_pass=dict.fromkeys(f2p, "MISSING"), pass_to_pass=dict.fromkeys(p2p, "MISSING"))
-    parser = _parser_for(inst)
+    parser = parser or _parser_for(inst)
     for bad in (APPLY_PATCH_FAIL, RESET_FAILED, TESTS_ERROR, TESTS_TIMEOUT):
         if bad in log:
             return missing.model_copy(update={"error": f"harness reported {bad.strip('> ')!r}"})

@@ -1,24 +1,21 @@
-"""One SWE row model: what a SWE-bench / SWE-Gym / bundled-task row must hold, checked in one place.
+"""Checking a SWE row where it enters swarl, whatever dataset it comes from.
 
 Every row swarl runs is checked by `validate_row` where it enters: `swarl data prepare`,
 `swarl enqueue` and `swarl eval` (through `read_rows`), and envd's /container/evaluate (the row
 an actor sends as `instance`). A bad row raises `RowError`, naming where the row is (file line
 or row index), its instance_id and the field.
 
-The rules:
-- always: `instance_id` (letters, digits, `_ . -`), `problem_statement` (not empty), `repo`
-  (owner/name), `FAIL_TO_PASS` (not empty) and `PASS_TO_PASS`: lists of test ids, or their
-  JSON encoding as SWE-bench has them;
-- `eval_script`, when the row brings one, is a non-empty string; without one, `base_commit`,
-  `test_patch` and `version` are required too (the harness builds the script from them);
-- every other known field, when present and not null, is a string (a float `version` is
-  refused: 3.10 and 3.1 would be the same number).
+The rules are the row's dataset family's (swe.adapters: SWE-bench, SWE-Gym, SWE-smith, R2E-Gym,
+swarl's own tasks, and any adapter added there): its pydantic row model and cross-field checks.
+Which family: the `family` argument, else a `data_source` that names one exactly (a family, an
+alias or a dataset id an adapter lists), else the row's own `dataset_family`, else its shape
+(swe.adapters.base says how; never a substring of a source name).
 
 The row comes back as given (field forms kept: FAIL_TO_PASS stays a JSON string when it was
 one; `listed_tests` reads either form), with JSON-safe values (parquet's timestamps and arrays
-converted) and `image_name` set: the Docker image is decided here, once, by
-`swe.images.image_for` from the row and its data_source, and nothing downstream derives it
-again.
+converted), fields the family derives filled (R2E-Gym's instance_id, ...), `image_name` set (the
+Docker image is decided here, once, by the adapter, and nothing downstream derives it again) and
+`dataset_family` set, so that envd grades it by the same adapter without guessing.
 
 The eval script is not fixed here, although for rows whose repo and version the swebench
 harness knows it could be: it is a pure function of fields the row already carries (repo,
@@ -27,7 +24,7 @@ would add nothing the row does not determine; it would copy the test patch into 
 (about 20% more bytes for SWE-bench Lite, in every queued job and replayed sample); and
 building it imports swebench (about 3 s, with docker, datasets and modal) into `swarl enqueue`
 and every reader of rows. envd, which imports swebench to grade anyway, builds it where it runs
-it (`swe.grading.eval_script_for`).
+it (`swe.harness.eval_script_for`).
 
 Files: `read_rows` reads JSONL for `swarl enqueue` / `swarl eval`: one record a line, either
 prepared (`{"text", "metadata": {"instance", "data_source"}}`, what `swarl data prepare`
@@ -36,122 +33,37 @@ writes) or a raw row.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swe.images import image_for
+from swe.adapters import adapter_for
+from swe.schema import RowError, listed_tests, valid_instance_id
 
-__all__ = ["Row", "RowError", "SourceRow", "jsonl_rows", "listed_tests", "read_rows", "source_row",
+__all__ = ["REQUIRED", "Row", "RowError", "SourceRow", "jsonl_rows", "listed_tests", "read_rows", "source_row",
            "validate_row"]
 
+# What every row has once its adapter has normalised it, whichever the family.
 REQUIRED = ("instance_id", "problem_statement", "repo", "FAIL_TO_PASS", "PASS_TO_PASS")
-# Needed to build the harness's eval script when the row brings no eval_script of its own.
-SCRIPT_FIELDS = ("base_commit", "test_patch", "version")
-OPTIONAL_STR = ("patch", "hints_text", "created_at", "environment_setup_commit", "image_name",
-                "difficulty", "log_parser", "data_source")
-_INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_REPO = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
 
 
-class RowError(ValueError):
-    """A row that cannot be used: where it is, its instance_id (when valid) and the field."""
-
-    def __init__(self, msg: str, *, field: str | None = None, where: str | None = None,
-                 instance_id: str | None = None) -> None:
-        self.msg, self.field, self.where, self.instance_id = msg, field, where, instance_id
-        head = " ".join(p for p in (where, f"(instance_id={instance_id})" if instance_id else None) if p)
-        body = f"field {field!r}: {msg}" if field else msg
-        super().__init__(f"{head}: {body}" if head else body)
-
-    def brief(self) -> str:
-        """`<where>: <field>: <msg>`, the one-line form `swarl enqueue` and `swarl eval` print."""
-        return ": ".join(p for p in (self.where, self.field, self.msg) if p)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"where": self.where, "instance_id": self.instance_id, "field": self.field,
-                "error": self.msg}
-
-
-def listed_tests(row: dict[str, Any], key: str) -> list[str]:
-    """FAIL_TO_PASS / PASS_TO_PASS as a list: a JSON-encoded string (SWE-bench) or a list (SWE-Gym)."""
-    value = row.get(key)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise RowError(f"not a JSON list of test ids: {e.msg}", field=key) from None
-    if not isinstance(value, list | tuple):
-        raise RowError(f"expected a list of test ids, got {type(value).__name__}", field=key)
-    bad = [t for t in value if not isinstance(t, str) or not t]
-    if bad:
-        raise RowError(f"test ids must be non-empty strings, got {bad[0]!r}", field=key)
-    return list(value)
-
-
-def validate_row(row: Any, data_source: str | None = None, *, where: str | None = None) -> dict[str, Any]:
-    """Check one raw row; return a JSON-safe copy with `image_name` set (see the module's rules).
-
-    `data_source` (e.g. the dataset id) picks SWE-Gym or SWE-bench image naming; `where` goes
-    into the RowError of a bad row."""
+def validate_row(row: Any, data_source: str | None = None, *, family: str | None = None,
+                 where: str | None = None) -> dict[str, Any]:
+    """Check one raw row by its family's adapter; return a JSON-safe copy with `image_name` and
+    `dataset_family` set (see the module's rules). `family` names the family (an unknown name
+    is an error); `data_source` picks it only when it names one exactly; `where` goes into the
+    RowError of a bad row."""
     if not isinstance(row, dict):
         raise RowError(f"must be a JSON object, got {type(row).__name__}", where=where)
-    out = {str(k): _jsonable(v) for k, v in row.items()}
-    iid = out.get("instance_id")
-    iid = iid if isinstance(iid, str) and _INSTANCE_ID.match(iid) else None
-
-    def bad(fld: str, msg: str) -> RowError:
-        return RowError(msg, field=fld, where=where, instance_id=iid)
-
-    for fld in REQUIRED:
-        if out.get(fld) is None:
-            raise bad(fld, "missing (a required field)")
-    for fld in ("instance_id", "problem_statement", "repo", *OPTIONAL_STR, *SCRIPT_FIELDS, "eval_script"):
-        if out.get(fld) is not None and not isinstance(out[fld], str):
-            raise bad(fld, f"must be a string, got {type(out[fld]).__name__}")
-    if iid is None:
-        raise bad("instance_id", f"{out['instance_id']!r} is not a valid id (letters, digits, _ . -)")
-    for fld in ("problem_statement", "repo"):
-        if not out[fld].strip():
-            raise bad(fld, "must not be empty")
-    if not _REPO.match(out["repo"]):
-        raise bad("repo", f"{out['repo']!r} is not owner/name")
+    iid = row.get("instance_id")
+    iid = iid if isinstance(iid, str) and valid_instance_id(iid) else None
     try:
-        fail_to_pass = listed_tests(out, "FAIL_TO_PASS")
-        listed_tests(out, "PASS_TO_PASS")
+        adapter = adapter_for(row, family, data_source)
     except RowError as e:
-        raise bad(e.field or "", e.msg) from None
-    if not fail_to_pass:
-        raise bad("FAIL_TO_PASS", "empty: nothing would show the issue resolved")
-    if out.get("eval_script") is not None:
-        if not out["eval_script"].strip():
-            raise bad("eval_script", "must not be empty when present")
-    else:
-        for fld in SCRIPT_FIELDS:
-            if not (out.get(fld) or "").strip():
-                raise bad(fld, "missing: required to build the eval script (the row has no eval_script)")
-    try:
-        out["image_name"] = image_for(out, data_source)
-    except ValueError as e:
-        raise bad("image_name", str(e)) from None
-    return out
-
-
-def _jsonable(v: Any) -> Any:
-    """Values from parquet / pandas (timestamps, numpy scalars and arrays) → JSON types."""
-    if isinstance(v, dt.datetime | dt.date):
-        return v.isoformat()
-    if hasattr(v, "tolist") and not isinstance(v, str | bytes):
-        return v.tolist()
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    return v
+        raise RowError(e.msg, field=e.field, where=where, instance_id=iid) from None
+    return adapter.validate(row, where=where)
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -205,17 +117,18 @@ def jsonl_rows(path: Path) -> Iterator[SourceRow | RowError]:
 
 
 def read_rows(path: str | Path, default_source: str | None = None,
-              errors: list[RowError] | None = None) -> Iterator[Row]:
+              errors: list[RowError] | None = None, family: str | None = None) -> Iterator[Row]:
     """The valid rows of a JSONL file (prepared records or raw rows). A bad row raises its
     RowError, or, given `errors`, is appended there and skipped. A row's data_source is its
-    record's, else `default_source`, else the file's name."""
+    record's, else `default_source`, else the file's name; `family` reads every row as that
+    dataset family."""
     p = Path(path)
     for src in jsonl_rows(p):
         try:
             if isinstance(src, RowError):
                 raise src
             source = src.data_source or default_source or p.name
-            row = Row(src.where, validate_row(src.row, source, where=src.where), source)
+            row = Row(src.where, validate_row(src.row, source, family=family, where=src.where), source)
         except RowError as e:
             if errors is None:
                 raise

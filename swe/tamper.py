@@ -147,7 +147,7 @@ def _norm(path: str) -> str:
 
 
 def _listed(inst: dict[str, Any], key: str) -> list[str]:
-    from swe.rows import listed_tests
+    from swe.schema import listed_tests
 
     try:
         return listed_tests(inst, key)

@@ -53,7 +53,7 @@ def name(
     """Print the Docker image a SWE-bench / SWE-Gym / bundled row runs in."""
     import sys
 
-    from swe.images import image_for
+    from swe.harness import image_for
     from swe.rows import source_row
 
     text = sys.stdin.read() if instance_json == "-" else instance_json

@@ -97,9 +97,11 @@ def config_plan(
 @data_app.command("prepare")
 def data_prepare(
     source: Annotated[str, typer.Option("--source", help="Hugging Face dataset id (SWE-Gym/SWE-Gym, "
-                                        "SumanthRH/SWE-Gym-Subset, princeton-nlp/SWE-bench_Lite, "
-                                        "princeton-nlp/SWE-bench_Verified), a local .json/.jsonl/.parquet file, or "
-                                        "swarl-tasks (the bundled tasks; --split all|train|heldout).")],
+                                        "princeton-nlp/SWE-bench_Verified, SWE-bench/SWE-smith, "
+                                        "R2E-Gym/R2E-Gym-Lite, ...), a dataset family (swe-bench, swe-gym, "
+                                        "swe-smith, r2e-gym: its usual hub dataset), a local "
+                                        ".json/.jsonl/.parquet file, or swarl-tasks (the bundled tasks; "
+                                        "--split all|train|heldout).")],
     split: Annotated[str | None, typer.Option("--split", help="Dataset split (default: train for "
                                               "SWE-Gym and local files, test for SWE-bench, all for swarl-tasks).")] = None,
     out: Annotated[str, typer.Option("--out", help="Output directory.")] = "data/prepared",
@@ -112,6 +114,11 @@ def data_prepare(
                                           "the rest in errors.jsonl.")] = "fail",
     data_source: Annotated[str | None, typer.Option("--data-source", help="metadata.data_source "
                                                     "(default: the dataset id, or the file's stem).")] = None,
+    family: Annotated[str | None, typer.Option("--family", help="Dataset family the rows are read as "
+                                               "(swe-bench, swe-gym, swe-smith, r2e-gym, swarl, or one "
+                                               "added in swe/adapters/). Default: the family that lists "
+                                               "the --source dataset id, else each row's dataset_family "
+                                               "or shape.")] = None,
 ) -> None:
     """Validate SWE rows and write <split>.jsonl (prepared JSONL: text + metadata), eval.jsonl,
     instance_ids.txt and docker_images.txt. Last line: a JSON summary."""
@@ -121,7 +128,7 @@ def data_prepare(
     setup_logging("info", "text")
     try:
         res = prepare(source, out, split=split, max_samples=max_samples, repos=repos or (),
-                      on_error=on_error, data_source=data_source)
+                      on_error=on_error, data_source=data_source, family=family)
     except DataError as e:
         typer.echo(f"swarl data prepare: {e}", err=True)
         raise typer.Exit(2) from None
@@ -132,7 +139,7 @@ def data_prepare(
         typer.echo(f"{name:<20} {path}")
     typer.echo(json.dumps({"rows_read": res.rows_read, "rows_written": res.rows_written,
                            "filtered_out": res.filtered_out, "errors": res.errors,
-                           "split": res.split, "out": res.out_dir}))
+                           "split": res.split, "family": res.family, "out": res.out_dir}))
 
 
 @systemd_app.command("install")

@@ -132,6 +132,7 @@ def build_row(spec: TaskSpec) -> dict[str, Any]:
         "eval_script": eval_script(base_commit, test_patch, [spec.test_path]),
         "image_name": task_image_name(iid),
         "log_parser": "pytest",
+        "dataset_family": "swarl",
         "swarl_family": spec.family,
         "swarl_split": "heldout" if spec.heldout else "train",
         "swarl_fix_command": sed_command(spec.path, lineno, spec.bad, spec.good),

@@ -485,6 +485,7 @@ def build_row(inst: Instance) -> dict[str, Any]:
         "eval_script": eval_script(base_commit, test_patch, [inst.test_path]),
         "image_name": task_image_name(inst.instance_id),
         "log_parser": "pytest",
+        "dataset_family": "swarl",
         "swarl_family": inst.family.name,
         "swarl_split": inst.split,
         "swarl_suite": "generated",

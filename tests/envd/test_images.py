@@ -20,7 +20,7 @@ from envd.images import (
     debian_mirror,
     ensure_base_image,
 )
-from swe.images import image_for
+from swe.harness import image_for
 from swe.tasks import get_task, load_tasks
 
 SWARL = [str(Path(sys.executable).with_name("swarl"))]
@@ -49,7 +49,7 @@ def test_image_name_wins_and_bundled_tasks() -> None:
     assert image_for({"instance_id": "a__b-1", "image_name": "reg.local/custom:1"}) == "reg.local/custom:1"
     assert image_for({"instance_id": "swarl-tasks__pagekit-2", "repo": "swarl-tasks/pagekit"}) == \
         "swarl/task.pagekit-2:latest"
-    with pytest.raises(ValueError, match=r"^instance_id: required"):
+    with pytest.raises(ValueError, match=r"^field .instance_id.: required to name the image"):
         image_for({"repo": "django/django"})
 
 

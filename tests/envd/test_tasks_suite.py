@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from swe.grading import check_patch
-from swe.images import image_for
+from swe.harness import image_for
 from swe.rows import listed_tests, validate_row
 from swe.tasks import TASKS_JSONL, get_task, load_tasks, task_files
 from swe.tasks.generate import dumps, generate

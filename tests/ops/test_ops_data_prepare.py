@@ -60,8 +60,8 @@ def test_lite_file_to_prepared_records_with_exports(tmp_path):
     for line in lines:
         rec = json.loads(line)
         inst = rec["metadata"]["instance"]
-        # every field of the real row, unchanged (FAIL_TO_PASS stays a JSON string), plus its image
-        assert inst == {**rows[inst["instance_id"]], "image_name": inst["image_name"]}
+        # every field of the real row, unchanged (FAIL_TO_PASS stays a JSON string), plus its image and family
+        assert inst == {**rows[inst["instance_id"]], "image_name": inst["image_name"], "dataset_family": "swe-bench"}
         assert rec["text"] == inst["problem_statement"]
         assert rec["metadata"]["data_source"] == "swe-bench-lite-test"
         assert inst["repo"] in ("sympy/sympy", "pytest-dev/pytest")
@@ -100,7 +100,8 @@ def test_gym_rows_with_list_tests_and_unicode(tmp_path):
     assert "Ünïcode problem — keep me as is" in text  # ensure_ascii off
     rec = json.loads(text.splitlines()[0])
     image = "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
-    assert rec["metadata"] == {"instance": {**rows[0], "image_name": image}, "data_source": "SWE-Gym/SWE-Gym"}
+    assert rec["metadata"] == {"instance": {**rows[0], "image_name": image, "dataset_family": "swe-gym"},
+                              "data_source": "SWE-Gym/SWE-Gym"}
     assert (tmp_path / "o" / "docker_images.txt").read_text().split()[0] == image
 
 
