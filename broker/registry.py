@@ -20,9 +20,10 @@ from broker.keys import ACTOR_TTL_S, PIN_TTL_S, SERVER_TTL_S, Keys
 
 SERVER_STATES = ("starting", "ready", "draining", "updating", "failed")
 # What a server is for: "policy" serves the trained policy (pinned by actors, updated by weight
-# sync); "prm" serves a process reward model's judge (never pinned, never updated).
-ROLES = ("policy", "prm")
-Role = Literal["policy", "prm"]
+# sync); "prm" serves a process reward model's judge; "eval" serves the versions an eval worker
+# loads into it (actors.eval_worker). Only policy servers are pinned or updated by weight sync.
+ROLES = ("policy", "prm", "eval")
+Role = Literal["policy", "prm", "eval"]
 
 
 class ServerMeta(BaseModel):
@@ -37,7 +38,8 @@ class ServerMeta(BaseModel):
     tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks: a weight-update group gets one "
                          "receiving rank per tensor-parallel rank of the server.")
     role: Role = Field("policy", description="policy: the trained policy (pinned by actors, updated "
-                       "by weight sync); prm: a process reward model's judge (neither).")
+                       "by weight sync); prm: a process reward model's judge (neither); eval: loaded "
+                       "by an eval worker with the version it evaluates (neither).")
 
     @model_validator(mode="after")
     def _sglang_names_its_tp_size(self) -> ServerMeta:

@@ -21,10 +21,11 @@ class InferenceConfig(Section):
         1, ge=1, description="Tensor-parallel size the CPU server acts as: it registers this tp_size and "
         "joins a weight-update group with this many receiving ranks (rank_offset + tp_rank), as an "
         "SGLang server of that size does. Generation itself runs on one worker either way.")
-    role: Literal["policy", "prm"] = Field(
+    role: Literal["policy", "prm", "eval"] = Field(
         "policy", description="What the server is for, registered with it: policy (pinned by actors, "
-        "updated by weight sync) or prm (a process reward model's judge: actors send it judge "
-        "prompts; weight sync never touches it).")
+        "updated by weight sync), prm (a process reward model's judge: actors send it judge "
+        "prompts; weight sync never touches it) or eval (an eval worker loads the version it "
+        "evaluates into it; never pinned, weight sync never touches it).")
     threads: int = Field(2, ge=1, description="torch threads of the CPU server's generation worker.")
     max_batch_size: int = Field(32, ge=1, description="Most requests the CPU server decodes in one batch.")
     max_prefill_tokens: int = Field(

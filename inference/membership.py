@@ -129,8 +129,9 @@ class Membership:
             log.warning("server_entry_lost", server_id=self.server_id)
             self.registered = False
         current = await _bounded(PolicyRegistry(self.servers.redis, self.keys).current())
-        # a judge (role prm) serves its own weights: no policy version applies to it
-        ready = self.any_version_ready or self.meta.role == "prm" or (
+        # a judge (role prm) serves its own weights and an eval server the version its eval worker
+        # loads: the newest policy version does not apply to either
+        ready = self.any_version_ready or self.meta.role != "policy" or (
             version is not None and version >= current)
         state = "ready" if ready else "starting"
         await _bounded(self.servers.register(self.server_id, self.url, version, meta=self.meta, state=state))

@@ -42,7 +42,8 @@ def serve(
     tp_size: Annotated[int | None, typer.Option(
         "--tp-size", help="Tensor-parallel size to act as in weight-update groups (default inference.tp_size).")] = None,
     role: Annotated[str | None, typer.Option(
-        "--role", help="policy | prm (a judge: never pinned nor updated; default inference.role).")] = None,
+        "--role", help="policy | prm (a judge) | eval (an eval worker's server); prm and eval are "
+        "never pinned nor updated by weight sync (default inference.role).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
