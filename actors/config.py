@@ -144,3 +144,43 @@ class ActorConfig(Section):
             raise ValueError("prm.reward_mode: 'step' needs dynamic_history (one sample per step); "
                              "set actor.dynamic_history=true or prm.reward_mode=episode")
         return self
+
+
+class EvalConfig(Section):
+    """Evaluation during training (`swarl eval-worker`, actors/eval_worker.py): every
+    every_versions-th published policy version is evaluated on the eval set, on exactly that
+    version, by eval servers (role eval) that no actor pins and weight sync never updates."""
+
+    every_versions: int = Field(default=0, ge=0, description="Evaluate every N-th published policy "
+                                "version (N, 2N, ...); 0: no evaluation during training.")
+    rows: str | None = Field(default=None, description="The eval set: a prepared rows file (JSONL, as "
+                             "`swarl data prepare` writes) or a bundled suite's split as "
+                             "<suite>:<split> (bundled:heldout, generated:heldout_family, ...). "
+                             "Required when every_versions > 0.")
+    max_instances: int | None = Field(default=None, ge=1, description="Evaluate only the first N rows "
+                                      "of the eval set (unset: all).")
+    n_samples: int = Field(default=1, ge=1, description="Episodes per eval task and version.")
+    max_concurrent: int = Field(default=2, ge=1, description="Episodes an eval worker runs at once (its "
+                                "share of the envd pool; it never takes actor slots or policy servers).")
+    seed: int | None = Field(default=0, description="Sampling seed of the eval episodes (one per task and "
+                             "sample, the same for every version: versions meet the same draws); null: "
+                             "fresh draws.")
+    max_tries: int = Field(default=3, ge=1, description="Tries per version: a try that could not load "
+                           "the version or ended with episodes not all on it (or with errors) is run "
+                           "again; the last try's result stands (failed when the version could not be "
+                           "loaded, or a turn ran on another version).")
+    servers: list[str] = Field(default_factory=list, description="Ids of the eval servers to use; empty: "
+                               "any live server registered with role eval that no other eval worker holds.")
+    poll_interval_s: float = Field(default=5.0, gt=0, description="Seconds between looks for a due "
+                                   "version or a free eval server.")
+    load_timeout_s: float = Field(default=600.0, gt=0, description="Bound of one weight load "
+                                  "(update_weights_from_disk) and its /model_info check.")
+    out_dir: str | None = Field(default=None, description="Where each version's episodes go "
+                                "(v<N>/results.jsonl, summary.json, trajectories); unset: <run.dir>/evals.")
+
+    @model_validator(mode="after")
+    def _needs_rows(self) -> EvalConfig:
+        if self.every_versions > 0 and not self.rows:
+            raise ValueError("rows: required when every_versions > 0 (a prepared rows file or "
+                             "<suite>:<split>, e.g. bundled:heldout)")
+        return self

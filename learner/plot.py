@@ -1,28 +1,21 @@
-"""`swarl plot RUN_DIR`: PNG curves from <run_dir>/metrics.jsonl."""
+"""`swarl plot RUN_DIR`: PNG curves from <run_dir>/metrics.jsonl (the learner's rows and the
+eval worker's: eval/resolve_rate at the step that published each evaluated version)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from learner.metrics_log import EVAL_VERSION, read_metrics
 
 PANELS: list[tuple[str, list[str]]] = [
     ("reward", ["reward_mean"]),
     ("resolve_rate", ["resolve_rate"]),
+    ("eval", ["eval/resolve_rate"]),
     ("staleness", ["staleness/mean", "staleness/max", "dropped/stale"]),
     ("throughput", ["tokens_per_s"]),
     ("loss", ["loss", "pg_loss"]),
     ("policy", ["clip_frac", "imp_weight_mean", "entropy", "grad_norm"]),
 ]
-
-
-def read_metrics(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -42,11 +35,16 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         drew = False
         for k in keys:
-            pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float)]
+            # by step: eval rows are appended when an evaluation ends, after later learner steps
+            pts = sorted((r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float))
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, label=k, marker="." if len(pts) < 50 else None)
                 drew = True
+                for r in rows:  # each eval point names the version it measured
+                    if EVAL_VERSION in r and isinstance(r.get(k), int | float):
+                        ax.annotate(f"v{r[EVAL_VERSION]}", (r["step"], r[k]), fontsize=7,
+                                    textcoords="offset points", xytext=(2, 4))
         ax.set_xlabel("step")
         ax.set_title(name)
         if drew:

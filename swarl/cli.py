@@ -11,6 +11,7 @@ from swarl.commands import (
     broker,
     doctor,
     envd,
+    eval_worker,
     images,
     inference,
     learner,
@@ -40,6 +41,7 @@ app.add_typer(inference.scripted_app, name="scripted-policy")
 app.command("actor")(actors.actor)
 app.command("learner")(learner.learner)
 app.command("plot")(learner.plot)
+app.command("eval-worker")(eval_worker.eval_worker)
 app.add_typer(weights.app, name="weights")
 # end-to-end and operations
 app.command("demo")(run.demo)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import Field
 
-from actors.config import ActorConfig
+from actors.config import ActorConfig, EvalConfig
 from broker.config import AdmissionConfig, QueueConfig, RedisConfig, ReplayConfig
 from broker.keys import Keys
 from common.settings import LayeredSettings, Section, SettingsError
@@ -68,6 +68,7 @@ class SwarlConfig(LayeredSettings):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @property
