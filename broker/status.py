@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 from broker.admission import Admission
 from broker.config import AdmissionConfig, ReplayConfig
 from broker.connection import reply
+from broker.evals import EvalBoard
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from broker.registry import ActorRegistry, PolicyRegistry, ServerRegistry
 from broker.replay import RATE_BUCKET_S
@@ -41,6 +42,7 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
     per_min = sum(int(b or 0) for b in buckets) / 5 / (RATE_BUCKET_S / 60)
     stats = {_s(k): _number(v) for k, v in (await reply(redis.hgetall(keys.stats))).items()}
     learner = {_s(k): _s(v) for k, v in (await reply(redis.hgetall(keys.learner_state))).items()}
+    board = EvalBoard(redis, keys)
     return {
         "run": keys.run,
         "queue": {"depth": await redis.zcard(keys.queue), "running": in_progress,
@@ -58,6 +60,8 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
         "samples_per_min": round(per_min, 1),
         "tokens": tokens(stats),
         "stats": stats,
+        "evals": {"pending": await board.pending(), "running": await board.running(),
+                  "results": await board.results()},
     }
 
 
@@ -101,7 +105,8 @@ def render(st: dict[str, Any]) -> Any:
         if t["wasted"]:
             head.add_row("wasted by cause", ", ".join(f"{k} {v}" for k, v in t["wasted"].items()), "", "")
     pools = []  # one table per role: the policy's servers, and the PRM judges when there are any
-    for role, title in (("policy", "inference servers (policy)"), ("prm", "PRM judge servers")):
+    for role, title in (("policy", "inference servers (policy)"), ("prm", "PRM judge servers"),
+                        ("eval", "eval servers")):
         rows = [sv for sv in st["servers"] if sv.get("role", "policy") == role]
         if role != "policy" and not rows:
             continue
@@ -119,7 +124,31 @@ def render(st: dict[str, Any]) -> Any:
     for ac in st["actors"]:
         actors.add_row(ac["id"], str(ac["host"]), str(ac["pid"]), f"{ac['running']}/{ac['concurrency']}",
                        str(ac["totals"].get("episodes", 0)))
-    return Group(head, *pools, actors)
+    return Group(head, *pools, actors, *evals_table(st.get("evals") or {}))
+
+
+def evals_table(ev: dict[str, Any]) -> list[Any]:
+    """Evaluation during training: one row per version with a result, running or due (none
+    when nothing was ever scheduled)."""
+    from rich.table import Table
+
+    results, running, pending = ev.get("results") or {}, ev.get("running") or {}, ev.get("pending") or []
+    if not (results or pending):
+        return []
+    t = Table(title="evaluation during training (eval.every_versions)", title_justify="left")
+    for col in ("version", "status", "resolve rate", "episodes", "errors", "server", "note"):
+        t.add_column(col)
+    for v, r in sorted(((int(v), r) for v, r in results.items())):
+        sm = r.get("summary") or {}
+        rate = f"{sm['resolve_rate']:.3f}" if isinstance(sm.get("resolve_rate"), int | float) else "-"
+        t.add_row(str(v), r.get("status", "?"), rate, str(sm.get("episodes", "-")),
+                  str(sum((sm.get("errors") or {}).values())) if sm else "-", str(r.get("server", "-")),
+                  str(r.get("reason", ""))[:80])
+    for v in pending:
+        holder = running.get(v) or running.get(str(v))
+        t.add_row(str(v), "running" if holder else "pending", "-", "-", "-", "-",
+                  f"by {holder}" if holder else "")
+    return [t]
 
 
 def to_json(st: dict[str, Any]) -> str:

@@ -75,3 +75,26 @@ async def test_an_eval_server_is_held_by_one_worker(aredis, keys) -> None:
     await board.release_server("eval-0", "A")
     assert await board.claim_server("eval-0", "B")
     assert await aredis.ttl(keys.eval_server_claim("eval-0")) > 0
+
+
+async def test_status_shows_the_evaluations(aredis, keys) -> None:
+    from rich.console import Console
+
+    from broker.config import AdmissionConfig, ReplayConfig
+    from broker.status import gather, render, to_json
+
+    board = EvalBoard(aredis, keys)
+    await board.schedule(6, 2)
+    await board.record(2, "A", {"status": "done", "server": "eval-0",
+                                "summary": {"resolve_rate": 0.5, "episodes": 4, "errors": {}}})
+    await board.record(4, "A", {"status": "skipped", "reason": "weights gone: version 4: no manifest"})
+    assert await board.take("A") == 6
+    st = await gather(aredis, keys, ReplayConfig(), AdmissionConfig())
+    assert st["evals"]["pending"] == [6] and st["evals"]["running"] == {6: "A"}
+    assert st["evals"]["results"][2]["summary"]["resolve_rate"] == 0.5
+    assert '"evals"' in to_json(st)
+    console = Console(record=True, width=200)
+    console.print(render(st))
+    text = console.export_text()
+    assert "evaluation during training" in text
+    assert "0.500" in text and "weights gone" in text and "running" in text and "by A" in text
