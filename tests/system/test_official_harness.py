@@ -58,32 +58,34 @@ def test_official_harness_resolves_what_swarl_resolved(task_images, pool_server,
     from swebench.harness.test_spec.test_spec import make_test_spec
 
     rows = pick_rows()
+    ids = {r["instance_id"] for r in rows}
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    # swarl's grading: `swarl eval` through the pool and envd
+    # swarl's grading: `swarl eval` through the pool and envd, two samples per task
     server = cpu_server_factory.start_scripted(tiny_model_dir, rows)
     out = tmp_path / "eval"
     env = {**os.environ, "SWARL_ENVD_TOKEN": pool_server.token, "SWARL_INFERENCE_API_KEY": server.api_key}
     r = subprocess.run([SWARL, "eval", "--data", str(data), "--server", server.url, "--out", str(out),
                         "--pool-url", pool_server.url, "--max-concurrent", "2", "--step-limit", "4",
-                        "--max-tokens", "128"], capture_output=True, text=True, env=env, timeout=600)
+                        "--max-tokens", "128", "--n-samples", "2"],
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     results = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x.strip()]
-    assert not [x for x in results if x.get("error")], results
-    swarl_resolved = {x["instance_id"] for x in results if x["resolved"]}
+    assert len(results) == 8 and not [x for x in results if x.get("error")], results
     by_mode = {m: {r["instance_id"] for r in rows if r["swarl_scripted_mode"] == m} for m in MODES.values()}
-    assert swarl_resolved == by_mode["fix"]  # both outcomes present: the comparison can fail
+    swarl_resolved = [{x["instance_id"] for x in results if x["resolved"] and x["sample"] == k} for k in (0, 1)]
+    assert swarl_resolved == [by_mode["fix"]] * 2  # both outcomes present: the comparison can fail
 
     summary = json.loads((out / "summary.json").read_text())
     model = str(tiny_model_dir)  # the scripted server's served_model_name
-    assert summary["model_name_or_path"] == model and summary["preds"] == ["preds.json"]
-    assert summary["pass_at_k"] == {"1": summary["resolve_rate"]}
-    preds = json.loads((out / "preds.json").read_text())
-    assert [p["instance_id"] for p in preds] == [r["instance_id"] for r in rows]
-    assert {p["model_name_or_path"] for p in preds} == {model}
-    empty = {p["instance_id"] for p in preds if not p["model_patch"]}
-    assert empty == by_mode["noop"]
+    assert summary["model_name_or_path"] == model and summary["preds"] == ["preds.json", "preds-1.json"]
+    assert summary["pass_at_k"] == {"1": 0.5, "2": 0.5}  # 2 of 4 tasks resolved in both samples
+    for name in summary["preds"]:
+        preds = json.loads((out / name).read_text())
+        assert [p["instance_id"] for p in preds] == [r["instance_id"] for r in rows]
+        assert {p["model_name_or_path"] for p in preds} == {model}
+        assert {p["instance_id"] for p in preds if not p["model_patch"]} == by_mode["noop"]
 
     # the harness's images: each task image under the name the harness looks up
     tags = []
@@ -99,26 +101,30 @@ def test_official_harness_resolves_what_swarl_resolved(task_images, pool_server,
         repo, tag = spec.instance_image_key.rsplit(":", 1)
         docker_client.images.get(task_images[row["instance_id"]]).tag(repo, tag)
         tags.append(spec.instance_image_key)
-    run_id = f"swarl-{uuid.uuid4().hex[:8]}"
     work = tmp_path / "harness"
     work.mkdir()
+    reports = []
     try:
-        h = subprocess.run([sys.executable, str(HERE / "official_harness.py"), str(data),
-                            "--dataset_name", str(data), "--predictions_path", str(out / "preds.json"),
-                            "--run_id", run_id, "--namespace", NAMESPACE, "--max_workers", "2",
-                            "--cache_level", "instance", "--timeout", "300"],
-                           cwd=work, capture_output=True, text=True, timeout=600)
+        for k, name in enumerate(summary["preds"]):  # one harness run per sample, each its own run id
+            run_id = f"swarl-{uuid.uuid4().hex[:8]}-s{k}"
+            h = subprocess.run([sys.executable, str(HERE / "official_harness.py"), str(data),
+                                "--dataset_name", str(data), "--predictions_path", str(out / name),
+                                "--run_id", run_id, "--namespace", NAMESPACE, "--max_workers", "2",
+                                "--cache_level", "instance", "--timeout", "300"],
+                               cwd=work, capture_output=True, text=True, timeout=600)
+            assert h.returncode == 0, (h.stdout + h.stderr)[-4000:]
+            report = json.loads((work / f"{model.replace('/', '__')}.{run_id}.json").read_text())
+            logs = work / "logs" / "run_evaluation" / run_id
+            assert not report["error_ids"], (report, [p.read_text()[-2000:] for p in logs.rglob("run_instance.log")])
+            reports.append(report)
     finally:
         for t in tags:  # only the extra names: the task images keep their own
             docker_client.images.remove(t)
-    assert h.returncode == 0, (h.stdout + h.stderr)[-4000:]
-    report = json.loads((work / f"{model.replace('/', '__')}.{run_id}.json").read_text())
-    logs = work / "logs" / "run_evaluation" / run_id
-    assert not report["error_ids"], (report, [p.read_text()[-2000:] for p in logs.rglob("run_instance.log")])
-    assert set(report["submitted_ids"]) == {r["instance_id"] for r in rows}
-    assert set(report["empty_patch_ids"]) == by_mode["noop"]
-    harness_resolved = set(report["resolved_ids"])
-    assert harness_resolved - swarl_resolved == set(), "resolved by the harness only"
-    assert swarl_resolved - harness_resolved == set(), "resolved by swarl only"
-    # every non-empty prediction was run and graded by the harness itself
-    assert set(report["completed_ids"]) == {r["instance_id"] for r in rows} - by_mode["noop"]
+    for k, report in enumerate(reports):
+        assert set(report["submitted_ids"]) == ids
+        assert set(report["empty_patch_ids"]) == by_mode["noop"]
+        # every non-empty prediction was run and graded by the harness itself
+        assert set(report["completed_ids"]) == ids - by_mode["noop"]
+        harness_resolved = set(report["resolved_ids"])
+        assert harness_resolved - swarl_resolved[k] == set(), f"sample {k}: resolved by the harness only"
+        assert swarl_resolved[k] - harness_resolved == set(), f"sample {k}: resolved by swarl only"
