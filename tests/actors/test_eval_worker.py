@@ -128,3 +128,61 @@ def test_plot_has_the_eval_curve(tmp_path) -> None:
     log.log_eval(2, 2, {"eval/resolve_rate": 0.25})  # finished after a later version's evaluation
     paths = {p.name: p for p in plot_run(tmp_path)}
     assert "eval.png" in paths and paths["eval.png"].stat().st_size > 0
+
+
+@pytest.mark.docker
+async def test_episodes_with_a_turn_at_another_version_are_run_again(
+        aredis, keys, redis_url, envd_factory, pool_factory, cpu_server_factory, tiny_model_dir, test_image,
+        tmp_path) -> None:
+    """An eval server whose weight version changes under the evaluation (the test moves it to 99
+    once the first episode is in): the episodes that ran on it are not counted for version 1; they
+    run again on a fresh load, and the result holds only episodes whose every turn was at 1."""
+    import asyncio
+
+    import httpx
+    from actor_services import actor_config, actor_sets, calc_row
+    from fixtures_inference import wait_for
+    from transformers import AutoModelForCausalLM
+
+    from inference.client import SGLangClient
+
+    envd = envd_factory()
+    pool = pool_factory([envd.url], redis_url)
+    key = "eval-worker-key"
+    server = cpu_server_factory.start(tiny_model_dir, redis_url=redis_url, run_id="test", api_key=key,
+                                      server_id="eval-0", extra_args=["--role", "eval"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    manifest = write_checkpoint(tmp_path / "run", 1, 1, list(model.state_dict().items()), tiny_model_dir)
+    await PolicyRegistry(aredis, keys).publish(1, manifest)
+    actor = actor_config(actor_sets(redis_url, tmp_path / "run", pool.url, pool.token, tiny_model_dir, key,
+                                    **{"actor.step_limit": 2, "actor.sampling.max_new_tokens": 16,
+                                       "actor.max_context_len": 2048})).actor
+    rows = [calc_row(test_image, n) for n in range(1, 4)]
+    ev = EvalConfig(every_versions=1, rows="x", max_concurrent=1, max_tries=2, poll_interval_s=0.1)
+    w = EvalWorker(ev, actor, aredis, keys, rows, out_dir=tmp_path / "evals", pool_url=pool.url,
+                   pool_token=pool.token, api_key=key, verify=verify, tokenizer=str(tiny_model_dir))
+    results = tmp_path / "evals" / "v000001" / "results.jsonl"
+
+    async def move_the_server() -> None:
+        await wait_for(lambda: results.exists() and results.read_text().strip(), within_s=300, every=0.05)
+        async with SGLangClient(server.url, api_key=key) as c:
+            await c.update_weight_version("99", abort_all_requests=False)
+
+    async def registered() -> bool:
+        return any(s.state == "ready" for s in await w.servers.list(alive_only=True, role="eval"))
+
+    await wait_for(registered, within_s=60)
+    mover = asyncio.create_task(move_the_server())
+    assert await w.step() is None  # try 1: episodes after the move were at 99, not 1
+    await mover
+    kept = [json.loads(x) for x in results.read_text().splitlines()]
+    assert 1 <= len(kept) < len(rows) and all(clean(r, 1) for r in kept), kept
+    result = await w.step()        # try 2: reloaded at 1, the dropped episodes run again
+    assert result is not None and result["status"] == "done" and result["tries"] == 2, result
+    assert result["weight_version_before"] == result["weight_version_after"] == "1"
+    assert result["turn_versions"] == ["1"] and result["summary"]["episodes"] == len(rows)
+    final = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(r["key"] for r in final) == sorted(f"{r['instance_id']}#0" for r in rows)
+    assert all(r["weight_versions"] == ["1"] for r in final), final
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+        assert (await http.get(f"{server.url}/model_info")).json()["weight_version"] == "1"
