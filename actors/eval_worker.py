@@ -20,12 +20,15 @@ Never starving training: the worker has its own servers, reads no training queue
 admission slot, and runs at most eval.max_concurrent episodes at once (its share of the envd pool).
 Resumable: versions, claims and results live in Redis (broker.evals); a restarted worker takes
 the versions without a result, and finished episodes of a version it was running are kept
-(actors.evaluate skips them)."""
+(actors.evaluate skips them). A result names the weights it measured (weights_id, from the
+manifest's sha256s): a version published again with other weights (a learner resumed from an
+earlier checkpoint reuses the numbers after it) is evaluated again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -56,6 +59,13 @@ ResultSink = Callable[[dict[str, Any]], None]
 
 class TryFailed(Exception):
     """A try that produced no result (the version stays pending until eval.max_tries)."""
+
+
+def weights_id(manifest: dict[str, Any]) -> str:
+    """What a published version's weights are, from its manifest's sha256s: a learner resumed
+    from an earlier checkpoint publishes the same version numbers with other weights."""
+    files = sorted((manifest.get("files") or {}).items())
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
 
 
 def version_dir(out_dir: str | Path, version: int) -> Path:
@@ -138,6 +148,7 @@ class EvalWorker:
         evaluate it (or record why not). The recorded result, or None when there was nothing to
         record (nothing due, no eval server free, or a try to run again)."""
         current = await self.policy.current()
+        await self._reopen_republished()
         if current > 0:
             added = await self.board.schedule(current, self.cfg.every_versions)
             if added:
@@ -175,6 +186,19 @@ class EvalWorker:
             self.sink(result)
         return result
 
+    async def _reopen_republished(self) -> None:
+        """A version evaluated on weights it no longer has (published again since, with other
+        weights) is due again; its old episodes go."""
+        for v, res in (await self.board.results()).items():
+            if res.get("status") != "done" or not res.get("weights"):
+                continue
+            manifest = await self.policy.manifest(v)
+            if manifest is None or weights_id(manifest) == res["weights"]:
+                continue
+            if await self.board.reopen(v, res):
+                log.warning("eval_reopened_republished", version=v, was=res["weights"], now=weights_id(manifest))
+                drop_rows(version_dir(self.out_dir, v) / "results.jsonl", lambda r: False)
+
     async def evaluate_version(self, v: int) -> dict[str, Any] | None:
         """One try at version v: its result, or None to try again later."""
         manifest = await self.policy.manifest(v)
@@ -183,7 +207,8 @@ class EvalWorker:
         except Exception as e:
             log.warning("eval_skipped_weights_gone", version=v, reason=str(e))
             return {"status": "skipped", "reason": f"weights gone: {e}", "finished": time.time()}
-        step = int(manifest["step"]) if manifest and manifest.get("step") is not None else None
+        assert manifest is not None  # verify refuses a missing manifest
+        step = int(manifest["step"]) if manifest.get("step") is not None else None
         server = await self._server()
         if server is None:
             log.info("eval_no_server", version=v, wanted=self.cfg.servers or "any of role eval")
@@ -223,7 +248,7 @@ class EvalWorker:
             return {"status": "failed", "step": step, "tries": tries, "server": server.id,
                     "reason": f"{len(other)} episode(s) had turns at versions {turn_versions}, not {v}",
                     "finished": finished}
-        return {"status": "done", "step": step, "tries": tries, "server": server.id,
+        return {"status": "done", "step": step, "tries": tries, "server": server.id, "weights": weights_id(manifest),
                 "weight_version_before": before, "weight_version_after": after,
                 "turn_versions": turn_versions, "summary": summary, "started": started,
                 "finished": finished, "out_dir": str(out)}

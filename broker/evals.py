@@ -9,6 +9,8 @@ version.
 - `record(version, owner, result)`: the result is written and the version leaves the pending set
   in one Lua call, only by the claim's holder (or when no one holds it) and only once: a
   restarted worker never runs a finished version again.
+- `reopen(version, result)`: a version published again with other weights (a learner resumed
+  from an earlier checkpoint reuses the numbers after it) is due again.
 - `claim_server` / `release_server`: an eval server is loaded by one worker only.
 Every multi-key change is one Lua call."""
 
@@ -91,6 +93,15 @@ class EvalBoard:
     return 1
     """
 
+    # KEYS: pending, results. ARGV: version, the result as read. The version is due again (its
+    # result dropped) only if the result is still the one read.
+    _REOPEN = """
+    if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    redis.call('ZADD', KEYS[1], 'NX', tonumber(ARGV[1]), ARGV[1])
+    return 1
+    """
+
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
         self._schedule = redis.register_script(self._SCHEDULE)
@@ -99,6 +110,7 @@ class EvalBoard:
         self._release = redis.register_script(self._RELEASE)
         self._claim_server = redis.register_script(self._CLAIM_SERVER)
         self._record = redis.register_script(self._RECORD)
+        self._reopen = redis.register_script(self._REOPEN)
 
     async def schedule(self, current: int, every: int) -> list[int]:
         """Add every `every`-th version up to `current` that the schedule has not looked at yet
@@ -148,6 +160,19 @@ class EvalBoard:
     async def results(self) -> dict[int, dict[str, Any]]:
         raw = await reply(self.redis.hgetall(self.keys.eval_results))
         return {int(_s(v)): json.loads(doc) for v, doc in sorted(raw.items(), key=lambda kv: int(_s(kv[0])))}
+
+    async def reopen(self, version: int, was: dict[str, Any]) -> bool:
+        """Make `version` due again, dropping its result `was` (as `results()` returned it): the
+        version was published again with other weights (a learner resumed from an earlier
+        checkpoint). False when the result changed meanwhile. Its tries start over."""
+        k = self.keys
+        raw = await reply(self.redis.hget(k.eval_results, str(version)))
+        if raw is None or json.loads(raw) != was:
+            return False
+        if not await self._reopen(keys=[k.eval_pending, k.eval_results], args=[version, _s(raw)]):
+            return False
+        await reply(self.redis.hdel(k.eval_tries, str(version)))
+        return True
 
     async def tries(self, version: int) -> int:
         return int(await reply(self.redis.hget(self.keys.eval_tries, str(version))) or 0)

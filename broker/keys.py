@@ -239,9 +239,9 @@ class Keys:
 
     @property
     def eval_results(self) -> str:
-        """Hash version -> JSON {version, status (done/skipped/failed), reason, step, server,
+        """Hash version -> JSON {version, status (done/skipped/failed), reason, step, server, weights,
         weight_version_before/after, turn_versions, summary, started, finished}: one per version,
-        written once."""
+        written once (dropped when the version is published again with other weights)."""
         return f"{self.base}:eval:results"
 
     # -- learner ------------------------------------------------------------------------

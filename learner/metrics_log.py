@@ -36,6 +36,7 @@ def truncate_after(path: Path, step: int) -> int:
 
 
 EVAL_VERSION = "eval_version"  # the policy version an eval row measured
+EVAL_WEIGHTS = "eval_weights"  # which weights of it (a version published again has other weights)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -89,11 +90,13 @@ class MetricsLog:
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
-    def log_eval(self, step: int, version: int, metrics: dict[str, float]) -> None:
-        """One eval row: metrics.jsonl {"step", "eval_version", eval/...}; TensorBoard both by
-        the step that published the version (eval/<name>) and by version (eval_by_version/<name>)."""
+    def log_eval(self, step: int, version: int, metrics: dict[str, float], weights: str | None = None) -> None:
+        """One eval row: metrics.jsonl {"step", "eval_version", "eval_weights", eval/...};
+        TensorBoard both by the step that published the version (eval/<name>) and by version
+        (eval_by_version/<name>)."""
+        doc = {"step": step, EVAL_VERSION: version, **({EVAL_WEIGHTS: weights} if weights else {}), **metrics}
         with open(self.path, "a") as f:  # one write of one line: appends from two processes stay whole
-            f.write(json.dumps({"step": step, EVAL_VERSION: version, **metrics}, default=float) + "\n")
+            f.write(json.dumps(doc, default=float) + "\n")
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
@@ -108,22 +111,24 @@ class MetricsLog:
 
 
 class EvalLog:
-    """The eval worker's sink: each evaluated version once in metrics.jsonl and TensorBoard,
-    however often it is handed over (the worker hands every recorded result over again when it
-    starts, so one that died between Redis and this file loses no row). Skipped and failed
-    versions have no numbers: they are in Redis (`swarl status`) and the worker's log."""
+    """The eval worker's sink: each evaluated version (and weights: a version published again
+    with other weights is evaluated again) once in metrics.jsonl and TensorBoard, however often it
+    is handed over (the worker hands every recorded result over again when it starts, so one that
+    died between Redis and this file loses no row). Skipped and failed versions have no numbers:
+    they are in Redis (`swarl status`) and the worker's log."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True) -> None:
         self.log = MetricsLog(run_dir, tensorboard=tensorboard)
-        self.seen = {int(r[EVAL_VERSION]) for r in read_metrics(self.log.path) if EVAL_VERSION in r}
+        self.seen = {(int(r[EVAL_VERSION]), r.get(EVAL_WEIGHTS)) for r in read_metrics(self.log.path)
+                     if EVAL_VERSION in r}
 
     def __call__(self, result: dict[str, Any]) -> None:
-        v = int(result["version"])
-        if result.get("status") != "done" or v in self.seen:
+        v, weights = int(result["version"]), result.get("weights")
+        if result.get("status") != "done" or (v, weights) in self.seen:
             return
         step = result.get("step")
-        self.log.log_eval(int(step) if step is not None else v, v, eval_metrics(result))
-        self.seen.add(v)
+        self.log.log_eval(int(step) if step is not None else v, v, eval_metrics(result), weights)
+        self.seen.add((v, weights))
 
     def close(self) -> None:
         self.log.close()

@@ -72,6 +72,31 @@ async def test_a_version_with_weights_waits_for_an_eval_server(aredis, keys, tmp
     assert await board.begin_try(2) == 1
 
 
+async def test_a_version_published_again_with_other_weights_is_due_again(aredis, keys, tmp_path) -> None:
+    """A learner resumed from an earlier checkpoint publishes the numbers after it again, with
+    other weights: their results describe weights that are gone, so they are evaluated again."""
+    from actors.eval_worker import weights_id
+
+    policy, board = PolicyRegistry(aredis, keys), EvalBoard(aredis, keys)
+    first = write_checkpoint(tmp_path / "run", 2, 2, [("w", torch.ones(3))], None)
+    await policy.publish(2, first)
+    await board.schedule(2, 2)
+    assert await board.take("old-worker") == 2
+    assert await board.record(2, "old-worker", {"status": "done", "weights": weights_id(first)})
+    w = worker(aredis, keys, tmp_path)
+    assert await w.step() is None and await board.pending() == []  # same weights: left alone
+    again = write_checkpoint(tmp_path / "run", 2, 2, [("w", torch.zeros(3))], None)
+    assert weights_id(again) != weights_id(first)
+    await policy.publish(2, again)
+    assert await w.step() is None        # reopened; no eval server to run it on yet
+    assert await board.pending() == [2] and await board.results() == {}
+    sink = EvalLog(tmp_path, tensorboard=False)
+    for weights in (weights_id(first), weights_id(again), weights_id(again)):
+        sink({"version": 2, "status": "done", "step": 2, "weights": weights, "summary": {"resolve_rate": 0.5}})
+    assert [r["eval_weights"] for r in read_metrics(tmp_path / "metrics.jsonl")] == \
+        [weights_id(first), weights_id(again)]
+
+
 def test_only_rows_all_at_the_version_count() -> None:
     assert clean({"weight_versions": ["3"], "resolved": True}, 3)
     assert clean({"weight_versions": ["3", "3"]}, 3)

@@ -98,3 +98,17 @@ async def test_status_shows_the_evaluations(aredis, keys) -> None:
     text = console.export_text()
     assert "evaluation during training" in text
     assert "0.500" in text and "weights gone" in text and "running" in text and "by A" in text
+
+
+async def test_reopen_only_the_result_that_was_read(aredis, keys) -> None:
+    board = EvalBoard(aredis, keys)
+    await board.schedule(2, 2)
+    assert await board.take("A") == 2
+    await board.begin_try(2)
+    assert await board.record(2, "A", {"status": "done", "weights": "aaa"})
+    was = (await board.results())[2]
+    assert not await board.reopen(2, {**was, "weights": "other"})  # not what is there
+    assert await board.reopen(2, was)
+    assert await board.pending() == [2] and await board.results() == {}
+    assert await board.tries(2) == 0
+    assert not await board.reopen(2, was)                            # gone already
