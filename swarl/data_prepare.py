@@ -83,9 +83,9 @@ def resolve_source(source: str, family: str | None) -> tuple[str, str | None]:
             family = get_adapter(family).family
         except RowError as e:
             raise DataError(f"--family: {e.msg}") from None
-    if source == BUNDLED or is_local(source):
-        return source, family or ("swarl" if source == BUNDLED else None)
     named = family_of_source(source)
+    if source == BUNDLED or Path(source).is_file() or (named is None and is_local(source)):
+        return source, family or ("swarl" if source == BUNDLED else None)
     if named is not None and source not in hub_datasets():  # a family's name, not a dataset id
         if family is not None and family != named:
             raise DataError(f"--source {source!r} is the {named} family, but --family says {family}")

@@ -62,7 +62,7 @@ STATUS_WORDS = r"(PASSED|PASS|FAILED|FAIL|ERROR|SKIPPED|XFAIL|XPASS|ok|F|E)"
 # internals and hooks, tracing, walks over every live object or frame, exits that skip the
 # runner's own, rebinding builtins, the process's own /proc entries. One signal among others
 # (envd.referee catches what is spelt otherwise at run time); none of the 300 SWE-bench Lite
-# gold patches adds one (tests/envd/test_tamper.py). Files of the runner itself (a row of
+# gold patches adds one (tests/swe/test_tamper.py). Files of the runner itself (a row of
 # pytest's own repository) are exempt: there these names are the package under test.
 RUNNER_INTERNALS = re.compile(
     r"\b(_pytest|pluggy|hookimpl|hookwrapper|TestReport|CallInfo|TestResult|TextTestResult|"

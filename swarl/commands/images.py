@@ -48,9 +48,9 @@ def build_tasks(
 @images_app.command("name")
 def name(
     instance_json: Annotated[str, typer.Argument(help="A SWE row as JSON, a path to a .json file, or - for stdin.")],
-    data_source: Annotated[str | None, typer.Option("--data-source", help="Dataset id (e.g. SWE-Gym/SWE-Gym) to pick the naming scheme.")] = None,
+    data_source: Annotated[str | None, typer.Option("--data-source", help="Dataset family (swe-gym, ...) or dataset id (e.g. SWE-Gym/SWE-Gym) whose naming scheme to use; default: the row's dataset_family, else its shape.")] = None,
 ) -> None:
-    """Print the Docker image a SWE-bench / SWE-Gym / bundled row runs in."""
+    """Print the Docker image a SWE row runs in (its dataset family's naming, swe/adapters)."""
     import sys
 
     from swe.harness import image_for

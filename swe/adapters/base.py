@@ -58,11 +58,11 @@ class Adapter:
         out = self.normalise({str(k): jsonable(v) for k, v in row.items()})
         iid = out.get("instance_id")
         valid_iid = iid if isinstance(iid, str) and valid_instance_id(iid) else None
-        for name, spec in self.model.model_fields.items():  # null is missing, as in parquet
-            if spec.is_required() and out.get(name) is None:
-                raise RowError("missing (a required field)", field=name, where=where, instance_id=valid_iid)
+        # a required field that is null is missing (parquet and pandas write absent values as null)
+        given = {k: v for k, v in out.items()
+                 if not (v is None and k in self.model.model_fields and self.model.model_fields[k].is_required())}
         try:
-            self.model.model_validate(out)
+            self.model.model_validate(given)
         except ValidationError as e:
             raise row_error(e, where=where, instance_id=valid_iid) from None
         try:

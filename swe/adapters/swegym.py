@@ -2,8 +2,8 @@
 repositories.
 
 Rows: SWE-bench's fields minus environment_setup_commit, FAIL_TO_PASS / PASS_TO_PASS as real
-lists; the Subset also carries `eval_script` and an image name. Shape: SWE-bench-like fields
-(instance_id, base_commit, ...) without `environment_setup_commit`, and not SWE-smith's shape.
+lists; the Subset also carries `eval_script` and an image name. Shape: base_commit, test_patch
+or version (SWE-bench's fields) without `environment_setup_commit`.
 
 - image: `docker.io/xingyaoww/sweb.eval.x86_64.<instance_id, "__" -> "_s_">:latest`, lower case,
   or the row's own `image_name`;
@@ -20,8 +20,8 @@ from swe.adapters.base import register
 from swe.adapters.swebench import SweBenchFormat, foreign_shape
 from swe.adapters.swesmith import smith_shape
 
-# Fields of SWE-bench's format: a row with none of them is not a SWE-Gym row.
-_SWE_FIELDS = ("instance_id", "base_commit", "test_patch", "version", "FAIL_TO_PASS")
+# Fields of SWE-bench's format that SWE-Gym rows carry and other families' do not.
+_SWE_FIELDS = ("base_commit", "test_patch", "version")
 
 
 @register

@@ -10,7 +10,7 @@ chains (each primitive of a pair sets the line to one form's fix, undoing the ot
 last one applied wins); reading the line and choosing the primitive whose fragment it holds
 resolves all of it. `best_fixed_policy` computes the best symptom -> edits table exactly, by
 applying every sequence of primitives and running the tests in process
-(tests/envd/test_generated_tasks.py bounds it).
+(tests/swe/test_generated_tasks.py bounds it).
 
 Every instance is a repository of its own (package `lib_<a>`, module `part_<b>.py`, four
 functions `fn_<c>` in a drawn order, parameter names and docstrings drawn) and a real

@@ -36,7 +36,7 @@ def test_swe_bench_naming() -> None:
 
 def test_swe_gym_naming() -> None:
     # SWE-Gym rows have no environment_setup_commit; data_source says so explicitly too.
-    row = {"instance_id": "getmoto__moto-5752", "repo": "getmoto/moto"}
+    row = {"instance_id": "getmoto__moto-5752", "repo": "getmoto/moto", "base_commit": "b2300f1eae1"}
     expected = "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
     assert image_for(row) == expected
     with_env = {**row, "environment_setup_commit": "x"}
@@ -91,8 +91,13 @@ def test_cli_name(tmp_path: Path) -> None:
     out = _swarl("name", json.dumps(row))
     assert out.returncode == 0 and out.stdout.strip() == "docker.io/swebench/sweb.eval.x86_64.psf_1776_requests-2317:latest"
     f = tmp_path / "row.json"
-    f.write_text(json.dumps({"text": "x", "metadata": {"instance": {"instance_id": "getmoto__moto-1"}}}))
+    f.write_text(json.dumps({"text": "x", "metadata": {"instance": {"instance_id": "getmoto__moto-1"},
+                                                       "data_source": "SWE-Gym/SWE-Gym"}}))
     assert _swarl("name", str(f)).stdout.strip() == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-1:latest"
+    assert _swarl("name", "--data-source", "swe-gym", json.dumps({"instance_id": "getmoto__moto-1"})).stdout.strip() \
+        == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-1:latest"
+    unknown = _swarl("name", json.dumps({"instance_id": "getmoto__moto-1"}))  # no family fits
+    assert unknown.returncode == 2 and "dataset_family" in unknown.stderr
     assert _swarl("name", "-", stdin=json.dumps(get_task("swarl-tasks__statkit-3"))).stdout.strip() == \
         "swarl/task.statkit-3:latest"
     bad = _swarl("name", "{not json")
