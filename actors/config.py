@@ -181,6 +181,6 @@ class EvalConfig(Section):
     @model_validator(mode="after")
     def _needs_rows(self) -> EvalConfig:
         if self.every_versions > 0 and not self.rows:
-            raise ValueError("rows: required when every_versions > 0 (a prepared rows file or "
-                             "<suite>:<split>, e.g. bundled:heldout)")
+            raise ValueError("eval.rows: required when eval.every_versions > 0 (a prepared rows file "
+                             "or <suite>:<split>, e.g. bundled:heldout)")
         return self
