@@ -98,8 +98,9 @@ def launch_sglang(
     redis_url: Annotated[str | None, typer.Option("--redis-url", help="Register in this Redis's server registry.")] = None,
     advertise_url: Annotated[str | None, typer.Option("--advertise-url", help="URL others reach the server at.")] = None,
     server_id: Annotated[str | None, typer.Option("--server-id", help="Registry id (default host:port).")] = None,
-    role: Annotated[str, typer.Option("--role", help="policy | prm (registered: a prm server is a "
-                                      "judge, never pinned nor updated by weight sync).")] = "policy",
+    role: Annotated[str, typer.Option("--role", help="policy | prm | eval (registered: a prm server "
+                                      "is a judge, an eval server an eval worker's; neither is pinned nor "
+                                      "updated by weight sync).")] = "policy",
     run: Annotated[bool, typer.Option("--run", help="Start SGLang (and register it) instead of printing.")] = False,
     extra: Annotated[list[str] | None, typer.Option("--extra", help="Extra SGLang argument (repeatable).")] = None,
     config: ConfigOpt = None,
