@@ -123,7 +123,7 @@ class R2EGym(Adapter):
             "cd /testbed",
             "if [ -d /root/r2e_tests ]; then rm -rf r2e_tests && cp -r /root/r2e_tests r2e_tests; fi",
             "swarl_rt=/root/run_tests.sh; [ -f \"$swarl_rt\" ] || swarl_rt=/testbed/run_tests.sh",
-            f"echo '{START_TEST_OUTPUT}'", 'bash "$swarl_rt"', f"echo '{END_TEST_OUTPUT}'"]) + "\n"
+            f": '{START_TEST_OUTPUT}'", 'bash "$swarl_rt"', f": '{END_TEST_OUTPUT}'"]) + "\n"
 
     def grade(self, row: dict[str, Any], log: str, nonce: str | None = None) -> EvalReport:
         expected = expected_outputs(row["expected_output_json"])

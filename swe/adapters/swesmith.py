@@ -101,8 +101,8 @@ class SweSmith(Adapter):
         if row.get("eval_script"):
             return str(row["eval_script"])
         return "\n".join(["#!/bin/bash", "set -uxo pipefail", "source /opt/miniconda3/bin/activate",
-                          f"conda activate {ENV_NAME}", "cd /testbed", f"echo '{START_TEST_OUTPUT}'",
-                          self.test_command(row), f"echo '{END_TEST_OUTPUT}'"]) + "\n"
+                          f"conda activate {ENV_NAME}", "cd /testbed", f": '{START_TEST_OUTPUT}'",
+                          self.test_command(row), f": '{END_TEST_OUTPUT}'"]) + "\n"
 
     def graded(self, row: dict[str, Any]) -> dict[str, Any]:
         """The row with its test lists cut to the files the command runs (SWE-smith's filter)."""
