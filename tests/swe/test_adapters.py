@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from fuzz_http import FUZZ_EXAMPLES, settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from swe import harness
 from swe.adapters import Adapter, adapter_for, adapters, get_adapter, register
@@ -358,3 +361,31 @@ def test_a_bad_row_names_its_field(family: str, changes: dict[str, Any], field: 
         e = _error(row, where="bad.jsonl line 2", **kw)
         assert e.field == field and words in e.msg, str(e)
         assert str(e).startswith("bad.jsonl line 2") and f"field {field!r}" in str(e)
+
+
+# -- fuzzed rows of every family --------------------------------------------------------------
+
+VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                      max_leaves=6)
+
+
+@pytest.mark.fuzz
+@settings(FUZZ_EXAMPLES * 10)
+@given(family=st.sampled_from(sorted(FAMILIES)), data=st.data(), value=VALUES, drop=st.booleans(),
+       named=st.booleans())
+def test_a_fuzzed_row_is_valid_or_names_its_field(family: str, data: st.DataObject, value: Any,
+                                                  drop: bool, named: bool) -> None:
+    row = FAMILIES[family]()
+    field = data.draw(st.sampled_from(sorted(row)))
+    if drop:
+        row.pop(field)
+    else:
+        row[field] = value
+    try:
+        out = validate_row(row, family=family if named else None, where="fuzz line 1")
+    except RowError as e:
+        assert str(e).startswith("fuzz line 1") and (e.field is None or e.field in str(e)), e
+        return
+    assert out["image_name"] and out["dataset_family"] in adapters()
+    json.dumps(out)
