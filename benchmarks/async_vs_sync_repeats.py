@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _record import markdown_table, record  # noqa: E402
-from swarl.learning_stats import summary_across  # noqa: E402
+from swarl.demo.stats import summary_across  # noqa: E402
 
 BENCH = REPO / "benchmarks" / "async_vs_sync.py"
 GOAL = 0.9  # issue #13: speedup_eta2 at least 0.9 of the profile's ideal

@@ -4,7 +4,7 @@ shuffled-reward run (learner.reward_shuffle), same seed, warm start, minutes and
 draws — then the summary across seeds: benchmarks/demo_learning.json (every run's
 learning.json and the aggregate), benchmarks/demo_learning.png, a section in
 benchmarks/RESULTS.md, and the generated "Measured" section of docs/demo.md. The goals it is
-judged by are fixed in docs/demo.md ("Goals") and swarl/demo_report.py (GOALS).
+judged by are fixed in docs/demo.md ("Goals") and swarl/demo/report.py (GOALS).
 
     .venv/bin/python benchmarks/demo_learning.py                 # seeds 0-4 on the demo defaults
     .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --minutes 3 -- --set learner.lr=4e-4
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _record import markdown_table, record  # noqa: E402
-from swarl.demo_report import SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
+from swarl.demo.report import SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
 OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
@@ -61,7 +61,7 @@ def collect(run_dir: Path) -> dict:
     """A `swarl demo --seeds` run's summary: its learning-seeds.json, or, for a run stopped
     part-way, one built from the seeds whose every arm finished (each run's learning.json and
     result.json) — reported as the seeds it has, never padded."""
-    from swarl.demo import ARMS
+    from swarl.demo.run import ARMS
 
     done = run_dir / "learning-seeds.json"
     if done.is_file():

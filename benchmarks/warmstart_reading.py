@@ -1,4 +1,4 @@
-"""Can the warm-started tiny model read? Warm-start it (swarl.warmstart) and sample its first two
+"""Can the warm-started tiny model read? Warm-start it (swarl.demo.warmstart) and sample its first two
 turns on each split of the generated suite: is the inspection command right (the function's
 name typed from the issue), and, shown the right inspection's output, which edit does it type
 (the gold fix, the family's other primitive, anything else)? And per code form: how often it
@@ -34,7 +34,7 @@ def main() -> int:
     from actors.templates import load_templates
     from inference.tiny_model import init_tiny
     from swarl.config import REPO_ROOT
-    from swarl.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
+    from swarl.demo.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
     from swe.tasks import load_tasks
     from swe.tasks.generated import demo_row, get_instance, inspect_output, practice
 

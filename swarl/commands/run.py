@@ -52,7 +52,7 @@ def demo(
     and the SFT control's (last line: JSON)."""
     from common.logs import setup_logging
     from swarl.config import ConfigError
-    from swarl.demo import DemoOptions, run_demo, run_seeds
+    from swarl.demo.run import DemoOptions, run_demo, run_seeds
 
     setup_logging("warning")
     opts = DemoOptions(minutes=minutes, steps=steps or None, seed=seed, actors=actors, concurrency=concurrency, servers=servers,

@@ -1,5 +1,5 @@
 """The demo's learning claim across seeds: the per-seed learning.json files of the RL arm (with
-its SFT control) and of the shuffled-reward arm (swarl.demo) folded into one summary, a PNG and
+its SFT control) and of the shuffled-reward arm (swarl.demo.run) folded into one summary, a PNG and
 the Markdown docs/demo.md shows.
 
 Used by `swarl demo --seeds ...` and benchmarks/demo_learning.py (which also commits the result
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swarl.learning_stats import OUTCOMES, across_families, summary_across
+from swarl.demo.stats import OUTCOMES, across_families, summary_across
 
 # The goals, fixed in docs/demo.md before the runs: on the held-out combinations, a mean change
 # of at least +0.15 over the seeds with its 95% interval over seeds entirely above both

@@ -17,7 +17,7 @@ inference servers, actors, learner), started here with its log under <run_dir>/l
   7. resolve rate after training, on the newest policy; the SFT control (the warm start's
      training continued on its own data for as many steps as the learner took) evaluated too;
      changes with 95% intervals (paired cluster bootstrap over families and tasks,
-     swarl/learning_stats.py), per family and code shape, the outcome breakdown per split;
+     swarl/demo/stats.py), per family and code shape, the outcome breakdown per split;
      learning.json, plots; one JSON line
 The shuffled-reward control is the same run with learner.reward_shuffle (--arm shuffled);
 --seeds runs both arms per seed (run_seeds).
@@ -182,7 +182,7 @@ class Demo:
         from actors.encoding import ChatEncoder
         from actors.templates import load_templates
         from inference.tiny_model import init_tiny
-        from swarl.warmstart import demonstrations, sft
+        from swarl.demo.warmstart import demonstrations, sft
         from swe.tasks.generated import demo_row, practice
 
         cfg = self.config()
@@ -601,7 +601,7 @@ class Demo:
         number of updates of the same size, on the procedure's data instead of rewards."""
         import torch
 
-        from swarl.warmstart import sft
+        from swarl.demo.warmstart import sft
 
         cfg = self.config()
         if steps == 0:
@@ -651,7 +651,7 @@ def learning_report(before: dict[str, list[dict[str, Any]]], after: dict[str, li
     tasks), the change with its paired interval, per family and per code shape, each control's
     after and change (`controls`: name -> split -> episodes; "sft" in a demo run), and the
     outcome breakdowns."""
-    from swarl.learning_stats import breakdown, by_group, change, rate
+    from swarl.demo.stats import breakdown, by_group, change, rate
 
     fam = (groups or {}).get("family")
     shape = (groups or {}).get("shape", {})
@@ -710,8 +710,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 def run_seeds(opts: DemoOptions, seeds: list[int], arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     """Per seed, each arm (<run_dir>/seed-<s>/<arm>): the RL run (with its SFT control) and the
     shuffled-reward run, same seed, same warm start (cached), same minutes; then the summary
-    across seeds: <run_dir>/learning-seeds.json and learning-seeds.png (swarl.demo_report)."""
-    from swarl.demo_report import aggregate, plot
+    across seeds: <run_dir>/learning-seeds.json and learning-seeds.png (swarl.demo.report)."""
+    from swarl.demo.report import aggregate, plot
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(opts.run_dir or REPO_ROOT / "runs" / f"demo-seeds-{stamp}").resolve()

@@ -66,7 +66,7 @@ def test_the_demo_restarts_its_redis_from_the_aof(tmp_path):
     import redis as redis_sync
 
     from common.services import start_redis
-    from swarl.demo import Demo, DemoOptions
+    from swarl.demo.run import Demo, DemoOptions
 
     demo = Demo(DemoOptions(run_dir=str(tmp_path / "run")))
     demo.redis = start_redis(tmp_path / "redis", appendonly=True)

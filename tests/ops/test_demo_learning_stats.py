@@ -1,4 +1,4 @@
-"""The demo's evidence (swarl.learning_stats, swarl.demo_report): intervals that cover what
+"""The demo's evidence (swarl.demo.stats, swarl.demo.report): intervals that cover what
 they should and exclude what they should, a cluster bootstrap that widens when outcomes move
 together by family, t intervals over seeds, the outcome breakdown, the per-family and per-shape
 rows, the summary across seeds with both controls, its PNG and the generated docs section."""
@@ -9,9 +9,9 @@ import random
 
 import numpy as np
 
-from swarl.demo import flat_result, learning_report
-from swarl.demo_report import DOC_BEGIN, DOC_END, aggregate, markdown, plot, write_doc
-from swarl.learning_stats import (
+from swarl.demo.report import DOC_BEGIN, DOC_END, aggregate, markdown, plot, write_doc
+from swarl.demo.run import flat_result, learning_report
+from swarl.demo.stats import (
     OUTCOMES,
     across_families,
     breakdown,

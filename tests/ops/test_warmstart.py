@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from actors.encoding import ChatEncoder
 from actors.templates import load_templates
 from swarl.config import REPO_ROOT
-from swarl.warmstart import SUBMIT, demonstrations
+from swarl.demo.warmstart import SUBMIT, demonstrations
 from swe.tasks import load_tasks
 from swe.tasks.generated import demo_row, practice
 
@@ -74,7 +74,7 @@ def test_the_loss_on_the_answers_only_is_the_models_own(enc, tiny_model_dir) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from swarl.warmstart import _masked_loss
+    from swarl.demo.warmstart import _masked_loss
 
     tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
     seqs = demonstrations([(demo_row(i), i) for i in practice(3, seed=5)], tpl, enc)
@@ -100,7 +100,7 @@ def test_sft_stops_at_max_steps_with_a_flat_rate(enc, tiny_model_dir, tmp_path) 
     its warm-up, and a model that loads."""
     from transformers import AutoModelForCausalLM
 
-    from swarl.warmstart import sft
+    from swarl.demo.warmstart import sft
 
     tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
     seqs = demonstrations([(demo_row(i), i) for i in practice(8, seed=2)], tpl, enc)
@@ -114,7 +114,7 @@ def test_sft_stops_at_max_steps_with_a_flat_rate(enc, tiny_model_dir, tmp_path) 
 def test_sft_stops_when_asked(enc, tiny_model_dir, tmp_path) -> None:
     """Ctrl-C during the demo's warm start: the training thread stops at its next step (the demo
     sets the flag), not at its end, and saves nothing."""
-    from swarl.warmstart import Interrupted, sft
+    from swarl.demo.warmstart import Interrupted, sft
 
     tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
     seqs = demonstrations([(demo_row(i), i) for i in practice(8, seed=2)], tpl, enc)

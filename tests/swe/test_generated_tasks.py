@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from fixtures_tasks import Variant, run_variants
 
-from swarl.demo import PRACTICE
+from swarl.demo.run import PRACTICE
 from swe.rows import validate_row
 from swe.tasks import load_tasks
 from swe.tasks.generated import (
