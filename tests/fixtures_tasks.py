@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+LITE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "swe-bench-lite-test.json"
 VARIANT_START = "@@swarl-variant-start "
 VARIANT_END = "@@swarl-variant-end "
 
@@ -110,6 +114,16 @@ def task_images(docker_client: Any) -> dict[str, str]:
     tasks = load_tasks("all")
     images = build_task_images(docker_client, tasks, progress=False)
     return {t["instance_id"]: image for t, image in zip(tasks, images, strict=True)}
+
+
+def read_lite() -> list[dict[str, Any]]:
+    """The 300 SWE-bench Lite rows; absent, the tests that need them skip, except in CI (CI=true),
+    where a missing data file is a failure."""
+    if not LITE.is_file():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{LITE} is absent: CI must provide the SWE-bench Lite rows in <repo>/../shared/data")
+        pytest.skip(f"{LITE} is absent")
+    return json.loads(LITE.read_text())
 
 
 __all__ = ["TaskRunner", "Variant", "docker_client", "task_images"]

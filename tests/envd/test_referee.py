@@ -13,7 +13,7 @@ import random
 import zlib
 from typing import Any
 
-from test_tamper import read_lite
+from fixtures_tasks import read_lite
 
 from envd.grader import PLUGIN_FILE, REFEREE_FILE
 from envd.referee import STARTED, RefereePlan, added_lines, judge, plan, signed_body, strip_signed

@@ -4,12 +4,10 @@ gold patch passes, every test patch alone is refused)."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_tasks import read_lite
 
 from swe.grading import END_TEST_OUTPUT, START_TEST_OUTPUT, frame_log, frame_script, grade
 from swe.rows import listed_tests
@@ -23,7 +21,6 @@ from swe.tamper import (
 from swe.tasks import load_tasks
 
 # CI lays the data out beside the clone: <repo>/../shared/data (never one machine's absolute path)
-LITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "swe-bench-lite-test.json"
 TASK = load_tasks("all")[0]
 F2P = listed_tests(TASK, "FAIL_TO_PASS")
 
@@ -47,16 +44,6 @@ def kinds(patch: str, row: dict[str, Any] | None = TASK) -> set[str]:
 @pytest.fixture(scope="module")
 def lite_rows() -> list[dict[str, Any]]:
     return read_lite()
-
-
-def read_lite() -> list[dict[str, Any]]:
-    """The 300 SWE-bench Lite rows; absent, the tests that need them skip, except in CI (CI=true),
-    where a missing data file is a failure."""
-    if not LITE.is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{LITE} is absent: CI must provide the SWE-bench Lite rows in <repo>/../shared/data")
-        pytest.skip(f"{LITE} is absent")
-    return json.loads(LITE.read_text())
 
 
 def test_each_kind_is_named() -> None:
