@@ -39,6 +39,7 @@ def publisher_factory(cfg: SwarlConfig, redis_url: str | None = None) -> Publish
 
         return make_publisher(cfg.weight_sync, redis, cfg.keys, cfg.run.dir, base_model_dir,
                               api_key=cfg.inference.api_key,
-                              redis_cfg=cfg.redis_at(redis_url) if redis_url else cfg.redis)
+                              redis_cfg=cfg.redis_at(redis_url) if redis_url else cfg.redis,
+                              eval_every=cfg.eval.every_versions or 0)
 
     return make

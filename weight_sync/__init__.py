@@ -26,9 +26,9 @@ def make_publisher(ws: WeightSyncConfig, redis: aioredis.Redis, keys: Keys,
                    run_dir: str | os.PathLike[str], base_model_dir: str | None,
                    api_key: str | None = None, redis_cfg: RedisConfig | None = None,
                    start_coordinator: bool = True,
-                   client_factory: ClientFactory | None = None) -> Publisher:
+                   client_factory: ClientFactory | None = None, eval_every: int = 0) -> Publisher:
     """See weight_sync.publisher.make_publisher."""
     from weight_sync.publisher import make_publisher as make
 
     return make(ws, redis, keys, run_dir, base_model_dir, api_key=api_key, redis_cfg=redis_cfg,
-                start_coordinator=start_coordinator, client_factory=client_factory)
+                start_coordinator=start_coordinator, client_factory=client_factory, eval_every=eval_every)

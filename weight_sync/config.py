@@ -33,7 +33,7 @@ class WeightSyncConfig(Section):
     )
     keep_versions: int = Field(
         3, ge=1, description="Checkpoints kept under <run.dir>/weights; older ones are deleted "
-        "only when no server is at, or being updated to, them.",
+        "only when no server is at, or being updated to, them, and (eval.every_versions) no evaluation of them is due.",
     )
     bucket_mb: float = Field(512.0, gt=0, description="Distributed: bytes per broadcast bucket (MiB).")
     shard_mb: float = Field(

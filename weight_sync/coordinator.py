@@ -60,6 +60,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from broker.evals import EvalBoard
 from broker.keys import Keys
 from broker.registry import PolicyRegistry, ServerInfo, ServerRegistry
 from common.logs import get_logger
@@ -112,8 +113,9 @@ def default_client_factory(api_key: str | None, timeout_s: float) -> ClientFacto
 
 class Coordinator:
     def __init__(self, cfg: WeightSyncConfig, redis: aioredis.Redis, keys: Keys, run_dir: str,
-                 client_factory: ClientFactory) -> None:
+                 client_factory: ClientFactory, eval_every: int = 0) -> None:
         self.cfg, self.redis, self.keys, self.run_dir = cfg, redis, keys, run_dir
+        self.eval_every = eval_every  # eval.every_versions: versions due for evaluation stay on disk
         self.policy = PolicyRegistry(redis, keys)
         self.servers = ServerRegistry(redis, keys)
         self.client_factory = client_factory
@@ -505,7 +507,10 @@ class Coordinator:
     # -- retention ----------------------------------------------------------------------
     async def _retain(self, servers: list[ServerInfo]) -> None:
         """Keep the newest keep_versions checkpoints; delete older ones only when no live
-        server is at them and none is being updated to them."""
+        server is at them, none is being updated to them and (with eval.every_versions) no
+        evaluation of them is due: the schedule is brought up to date first, so a due version is
+        never deleted before an eval worker has seen it. A stalled eval worker thus holds every
+        every_versions-th checkpoint (`swarl status` lists the pending evaluations)."""
         on_disk = checkpoints.on_disk_versions(self.run_dir)
         if len(on_disk) <= self.cfg.keep_versions:
             return
@@ -513,6 +518,10 @@ class Coordinator:
         in_use = {s.version for s in servers if s.version is not None}
         in_use |= {v for v in self.in_flight.values() if v is not None}
         in_use.add(current)
+        if self.eval_every > 0:
+            evals = EvalBoard(self.redis, self.keys)
+            await evals.schedule(current, self.eval_every)
+            in_use |= set(await evals.pending())
         for v in on_disk[: -self.cfg.keep_versions]:
             if v in in_use:
                 continue

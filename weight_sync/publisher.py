@@ -119,15 +119,17 @@ def make_publisher(ws: WeightSyncConfig, redis: aioredis.Redis, keys: Keys,
                    run_dir: str | os.PathLike[str], base_model_dir: str | None,
                    api_key: str | None = None, redis_cfg: RedisConfig | None = None,
                    start_coordinator: bool = True,
-                   client_factory: ClientFactory | None = None) -> Publisher:
+                   client_factory: ClientFactory | None = None, eval_every: int = 0) -> Publisher:
     """The publisher the learner uses, with its rolling-update coordinator started on a thread
     of its own (start_coordinator=False: publish only; run a Coordinator elsewhere).
-    `api_key` is the inference servers' key (weight_sync.api_key wins)."""
+    `api_key` is the inference servers' key (weight_sync.api_key wins); `eval_every`
+    (eval.every_versions) keeps the versions due for evaluation on disk until evaluated."""
     thread = None
     if start_coordinator:
         key = ws.api_key or api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
         factory = client_factory or default_client_factory(key, ws.update_timeout_s)
         thread = CoordinatorThread(_redis_maker(redis_cfg, redis),
-                                   lambda r: Coordinator(ws, r, keys, str(run_dir), factory))
+                                   lambda r: Coordinator(ws, r, keys, str(run_dir), factory,
+                                                                 eval_every=eval_every))
         thread.start()
     return Publisher(ws, redis, keys, str(run_dir), base_model_dir, thread)
