@@ -161,13 +161,18 @@ _SUMMARY = re.compile(rf"^({_STATUSES})\s+(\S+::\S.*?)(?:\s+-\s.*)?$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def decolor(text: str) -> str:
+    """`text` without ANSI colour codes."""
+    return _ANSI.sub("", text)
+
+
 def parse_pytest(log: str, spec: Any = None, *, xpass_passes: bool = True) -> dict[str, str]:
     """Test id -> status from pytest's verbose lines (`path::test STATUS`) and its -rA summary
     lines (`STATUS path::test - message`), colours stripped; XPASS counts as PASSED unless
     `xpass_passes` is False. A parser of swebench's signature (log, spec)."""
     out: dict[str, str] = {}
     for raw in log.splitlines():
-        line = _ANSI.sub("", raw).strip()
+        line = decolor(raw).strip()
         m = _VERBOSE.match(line)
         test, status = (m.group(1), m.group(2)) if m else (None, None)
         if m is None and (m := _SUMMARY.match(line)):

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from swe.adapters import Adapter, adapter_for
+from swe.adapters import adapter_for
 from swe.grading import EvalReport
 from swe.schema import RowError
 
-__all__ = ["adapter_of", "eval_script_for", "grade", "image_for", "setup_script_for"]
-
-
-def adapter_of(instance: dict[str, Any], family: str | None = None) -> Adapter:
-    return adapter_for(instance, family)
+__all__ = ["eval_script_for", "grade", "image_for", "setup_script_for"]
 
 
 def image_for(instance: dict[str, Any], data_source: str | None = None) -> str:

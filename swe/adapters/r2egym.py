@@ -60,7 +60,7 @@ def _expected(v: str) -> str:
 
 
 def _key(test: str) -> str:
-    return grading._ANSI.sub("", test).split(" - ")[0].strip()
+    return grading.decolor(test).split(" - ")[0].strip()
 
 
 class R2EGymRow(RowModel):

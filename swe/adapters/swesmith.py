@@ -109,7 +109,7 @@ class SweSmith(Adapter):
         files = [] if row.get("eval_script") or row.get("test_cmd") else test_files(row)
         if not files:
             return row
-        keep = tuple(files)
+        keep = tuple(f"{f}::" for f in files)
         return {**row,
                 "FAIL_TO_PASS": [t for t in listed_tests(row, "FAIL_TO_PASS") if t.startswith(keep)],
                 "PASS_TO_PASS": [t for t in listed_tests(row, "PASS_TO_PASS") if t.startswith(keep)]}
