@@ -45,6 +45,7 @@ from _record import markdown_table, record  # noqa: E402
 from common.procs import ProcessGroup, swarl_exe, wait_http  # noqa: E402
 from common.services import ensure_docker, free_port, start_redis  # noqa: E402
 from inference.latency import LatencyProfile  # noqa: E402
+from learner.metrics_log import read_metrics  # noqa: E402
 from swarl.config import CONFIG_DIR, load_config  # noqa: E402
 
 # The tiny model, smaller still: the learner must not be the bottleneck on 2 shared cores.
@@ -316,12 +317,6 @@ class Bench:
 
 
 # -- figures ------------------------------------------------------------------------------
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, float],

@@ -390,16 +390,10 @@ class Demo:
             await pool.aclose()
 
     def metrics(self) -> list[dict[str, Any]]:
-        p = self.run_dir / "metrics.jsonl"
-        if not p.exists():
-            return []
-        out = []
-        for line in p.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        """The learner's rows of metrics.jsonl, one per step (eval rows left out)."""
+        from learner.metrics_log import EVAL_VERSION, read_metrics
+
+        return [r for r in read_metrics(self.run_dir / "metrics.jsonl") if EVAL_VERSION not in r]
 
     async def train(self, redis_url: str, pool_url: str, cfg_path: str) -> int:
         from rich.live import Live

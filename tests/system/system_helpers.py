@@ -48,8 +48,9 @@ def trained(run_dir: Path) -> list[tuple[int, list[str]]]:
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    p = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    from learner.metrics_log import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 @dataclass
