@@ -115,6 +115,8 @@ class ActorConfig(Section):
                                      description="Environment of every command.")
     pin_wait_s: float = Field(default=60.0, description="How long to wait for a ready inference server.")
     allocate_wait_s: float = Field(default=300.0, description="How long the pool may take to lease a container.")
+    setup_timeout_s: float = Field(default=300.0, gt=0, description="Bound on a row's setup script (its dataset "
+                                   "adapter's: SWE-smith, R2E-Gym) run in the agent's container before the first command.")
     lease_ahead: bool = Field(
         default=True, description="Lease the episode's container while the policy writes its first "
         "turn (which needs only the issue): a container's create and start, seconds for a large "

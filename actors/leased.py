@@ -27,6 +27,8 @@ from actors.protocols import InfraError
 from actors.templates import PromptTemplates, load_templates
 from common.logs import get_logger
 from envd.client import EnvdClient, EnvError, EnvRequestError, Lease
+from swe.harness import setup_script_for
+from swe.schema import RowError
 
 log = get_logger("actors.leased")
 
@@ -133,11 +135,42 @@ class LeasedEpisodes:
     async def _allocate(self, job: EpisodeJob) -> Lease:
         image = job.image
         try:
-            return await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
-                                            owner=self.owner)
+            lease = await self.pool.allocate(image, job.instance_id, wait_s=self.cfg.allocate_wait_s,
+                                             owner=self.owner)
         except (EnvError, EnvRequestError) as e:  # a missing image is infrastructure too
             pull = isinstance(e, EnvError) and e.reason == "pull_failed"
             raise InfraError("image_pull_failed" if pull else "allocate_failed", f"{image}: {e}") from e
+        await self._setup(job, lease)
+        return lease
+
+    async def _setup(self, job: EpisodeJob, lease: Lease) -> None:
+        """The row's setup script (its dataset adapter's: SWE-smith applies the instance's bug,
+        R2E-Gym moves its test files out of reach), run before the agent's first command, the
+        same script envd runs in the grading container, so the patch the agent leaves applies
+        there. A failure is infrastructure: the lease is closed and the job retried."""
+        if not job.instance.get("dataset_family"):
+            return  # rows reach the queue validated (data prepare / enqueue name the family); a test's bare row has no setup
+        try:
+            script = setup_script_for(job.instance)
+        except RowError as e:
+            await self._close_quietly(lease)
+            raise InfraError("setup_failed", f"{job.instance_id}: {e}") from e
+        if not script:
+            return
+        try:
+            r = await self.pool.exec(lease.lease_id, script, cwd="/", timeout=self.cfg.setup_timeout_s)
+            error = None if r.returncode == 0 else f"exit {r.returncode}: {r.output[-2000:]}"
+        except (EnvError, EnvRequestError) as e:
+            error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            await self._close_quietly(lease)
+            raise InfraError("setup_failed", f"{job.instance_id}: the row's setup script failed: {error}")
+
+    async def _close_quietly(self, lease: Lease) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(lease.lease_id), 30)
+        except Exception as e:  # the pool reaps an unclosed lease when it expires
+            log.warning("lease_close_failed", lease=lease.lease_id, error=f"{type(e).__name__}: {e}")
 
     async def _heartbeat(self, alloc: asyncio.Task[Lease]) -> None:
         """Every request renews the lease; this keeps it through a long generation."""

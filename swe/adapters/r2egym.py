@@ -113,9 +113,14 @@ class R2EGym(Adapter):
         return str(row["docker_image"])
 
     def setup_script(self, row: dict[str, Any]) -> str:
+        # were the test files tracked, their removal would sit in the agent's diff and the patch
+        # would not apply after this same script in the grading container: committed away then
         return ("cd /testbed\n"
                 "if [ -f run_tests.sh ]; then mv run_tests.sh /root/run_tests.sh; fi\n"
-                "if [ -d r2e_tests ]; then rm -rf /root/r2e_tests && mv r2e_tests /root/r2e_tests; fi\n")
+                "if [ -d r2e_tests ]; then rm -rf /root/r2e_tests && mv r2e_tests /root/r2e_tests; fi\n"
+                "if [ -n \"$(git status --porcelain -- run_tests.sh r2e_tests 2>/dev/null)\" ]; then\n"
+                "  git add -u && git -c user.name=swarl -c user.email=swarl@localhost "
+                "commit -q --no-verify -m 'test files moved out'\nfi\n")
 
     def eval_script(self, row: dict[str, Any]) -> str:
         return "\n".join([

@@ -87,10 +87,18 @@ class SweSmith(Adapter):
                            "eval_script", field="FAIL_TO_PASS")
 
     def setup_script(self, row: dict[str, Any]) -> str:
+        # The bug becomes the start of a history of one commit: with the clean version reachable
+        # (a parent commit, a branch, the reflog) the agent could `git revert` its way to the
+        # fix. Every other ref and the reflog go, and gc prunes what nothing reaches.
         body = row["patch"] if row["patch"].endswith("\n") else row["patch"] + "\n"
-        return (f"cd /testbed\ngit apply --whitespace=nowarn - <<'{HEREDOC}'\n{body}{HEREDOC}\n"
-                "git add -A && git -c user.name=swarl -c user.email=swarl@localhost commit -q "
-                f"--no-verify -m {shlex.quote('SWE-smith bug ' + row['instance_id'])}\n")
+        who = "git -c user.name=swarl -c user.email=swarl@localhost"
+        return "\n".join([
+            "set -e", "cd /testbed",
+            f"git apply --whitespace=nowarn - <<'{HEREDOC}'\n{body}{HEREDOC}",
+            "git checkout -q --orphan swarl-task", "git add -A",
+            f"{who} commit -q --no-verify -m 'task start'",
+            "git for-each-ref --format='%(refname)' | grep -vx refs/heads/swarl-task | xargs -r -n1 git update-ref -d",
+            "git stash clear", "git reflog expire --expire=now --all", "git gc -q --prune=now", ""])
 
     def test_command(self, row: dict[str, Any]) -> str:
         if row.get("test_cmd"):

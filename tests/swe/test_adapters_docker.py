@@ -57,3 +57,38 @@ def test_swe_smith_row_graded_by_envd(envd_server: Any, docker_url: str) -> None
             assert not tests["resolved"] and {h["kind"] for h in tests["reward_hack"]} == {"test_files"}
         finally:
             api.post("/container/destroy", json={"container_id": cid})
+
+
+def test_swe_smith_agent_container_starts_at_the_bug_with_no_way_back(envd_server: Any, docker_url: str) -> None:
+    """The actor runs the row's setup script in the agent's container before the first command
+    (actors.leased): the instance's change is there and committed, nothing reachable holds the
+    version before it (no `git revert` to the fix), and the diff the agent leaves grades as it
+    should in envd's container set up by the same script."""
+    task = load_tasks("all")[0]
+    image = build_task_image(docker_url, task)
+    row = smith_row(task, image)
+    script = harness.setup_script_for(row)
+    assert script
+    with envd_client(envd_server) as api:
+        cid = api.post("/container/create", json={"image": image}).json()["container_id"]
+        try:
+            def sh(command: str) -> dict[str, Any]:
+                r = api.post("/container/exec", json={"container_id": cid, "command": command, "timeout": 120})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            assert sh(script)["returncode"] == 0
+            assert sh("git status --porcelain")["output"].strip() == ""
+            assert sh("git rev-list --all | wc -l")["output"].strip() == "1"  # one commit: the start
+            assert sh("git fsck --unreachable --no-reflogs 2>&1 | grep -c '^unreachable commit' || true")["output"].strip() == "0"
+            for f in sorted({t.split("::")[0] for t in row["FAIL_TO_PASS"]}):
+                assert sh(f"test -f {f}")["returncode"] == 0, f  # the instance's change is applied
+            gold = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
+            assert sh(f"git apply - <<'SWARL_EOF'\n{gold}SWARL_EOF")["returncode"] == 0
+            patch = api.post("/container/diff", json={"container_id": cid}).json()["patch"]
+            assert patch.startswith("diff --git")
+            graded = api.post("/container/evaluate", json={"container_id": cid, "patch": patch, "instance": row,
+                                                            "timeout": 300}).json()
+            assert graded["resolved"], (graded["error"], graded["output"][-3000:])
+        finally:
+            api.post("/container/destroy", json={"container_id": cid})
