@@ -189,6 +189,12 @@ class DockerBackend:
             return True
         except docker.errors.NotFound:
             return False
+        except docker.errors.APIError as e:
+            # another remover is at it (a previous envd of this node id still shutting down, whose
+            # port this one got): the container is going away either way, and startup must not fail
+            if e.status_code == 409 and "already in progress" in str(e.explanation or e):
+                return True
+            raise
 
     def owned(self) -> list[dict[str, Any]]:
         """This node's labelled containers (running or not): id, name, image, labels."""

@@ -46,6 +46,11 @@ class Adapter:
         shapes are disjoint for the documented formats; a row two of them claim is refused."""
         return False
 
+    def fallback_for(self, row: dict[str, Any]) -> bool:
+        """Whether this family reads a row no family's shape claims (one adapter at most says
+        yes: SWE-Gym, for rows in SWE-bench's format that lack its telling fields)."""
+        return False
+
     def normalise(self, row: dict[str, Any]) -> dict[str, Any]:
         """Fill fields swarl needs that the family derives (before the model checks the row)."""
         return row
@@ -151,6 +156,8 @@ def adapter_for(row: dict[str, Any], family: str | None = None,
     if isinstance(label, str) and family_of_source(label):
         return _REGISTRY[str(family_of_source(label))]
     found = [a for a in _REGISTRY.values() if a.matches(row)]
+    if not found:
+        found = [a for a in _REGISTRY.values() if a.fallback_for(row)]
     if len(found) == 1:
         return found[0]
     known = ", ".join(sorted(_REGISTRY))

@@ -36,6 +36,13 @@ class SweGym(SweBenchFormat):
         return ("environment_setup_commit" not in row and not foreign_shape(row)
                 and not smith_shape(row) and any(f in row for f in _SWE_FIELDS))
 
+    def fallback_for(self, row: dict[str, Any]) -> bool:
+        # a row no family claims but that has an instance_id and none of another family's marks
+        # is read in SWE-bench's format (a user's own rows: the issue, test lists, often their
+        # own eval_script and image), so a missing field is named as that format's
+        return "instance_id" in row and "environment_setup_commit" not in row \
+            and not foreign_shape(row) and not smith_shape(row)
+
     def image_name(self, row: dict[str, Any]) -> str:
         if row.get("image_name"):
             return str(row["image_name"])

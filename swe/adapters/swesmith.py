@@ -42,8 +42,11 @@ _NOT_SMITH = ("base_commit", "version", "test_patch", "environment_setup_commit"
 
 
 def smith_shape(row: dict[str, Any]) -> bool:
-    return "image_name" in row and not any(f in row for f in _NOT_SMITH) and \
-        "docker_image" not in row and not str(row.get("repo") or "").startswith("swarl-tasks/")
+    """SWE-smith's rows: an image per repository (and the bug as `patch`), in a repository named
+    `swesmith/<owner>__<repo>.<commit>` (SWE-smith's mirrors). A user's own row with an image and
+    an eval script but not that repository is SWE-bench's format, not this."""
+    return "image_name" in row and str(row.get("repo") or "").startswith("swesmith/") \
+        and not any(f in row for f in _NOT_SMITH) and "docker_image" not in row
 
 
 class SweSmithRow(RowModel):

@@ -149,8 +149,8 @@ def test_read_rows_bad_lines_raise_or_are_collected(tmp_path: Path) -> None:
     rows = list(read_rows(path, errors=errors))
     assert [r.instance["instance_id"] for r in rows] == ["a__a-1", "a__a-2"]
     assert [(e.where, e.field) for e in errors] == [
-        ("d.jsonl line 2", None), ("d.jsonl line 3", "dataset_family"),  # no family fits
+        ("d.jsonl line 2", None), ("d.jsonl line 3", "problem_statement"),  # read as SWE-bench's format
         ("d.jsonl line 4", "metadata.instance")]
-    assert errors[1].brief().startswith("d.jsonl line 3: dataset_family: missing, and the row's fields fit no known")
+    assert errors[1].brief().startswith("d.jsonl line 3: problem_statement: missing")
     with pytest.raises(FileNotFoundError):
         list(read_rows(tmp_path / "absent.jsonl"))

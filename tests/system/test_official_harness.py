@@ -107,11 +107,17 @@ def test_official_harness_resolves_what_swarl_resolved(task_images, pool_server,
     try:
         for k, name in enumerate(summary["preds"]):  # one harness run per sample, each its own run id
             run_id = f"swarl-{uuid.uuid4().hex[:8]}-s{k}"
-            h = subprocess.run([sys.executable, str(HERE / "official_harness.py"), str(data),
-                                "--dataset_name", str(data), "--predictions_path", str(out / name),
-                                "--run_id", run_id, "--namespace", NAMESPACE, "--max_workers", "2",
-                                "--cache_level", "instance", "--timeout", "300"],
-                               cwd=work, capture_output=True, text=True, timeout=600)
+            for _ in range(3):
+                h = subprocess.run([sys.executable, str(HERE / "official_harness.py"), str(data),
+                                    "--dataset_name", str(data), "--predictions_path", str(out / name),
+                                    "--run_id", run_id, "--namespace", NAMESPACE, "--max_workers", "2",
+                                    "--cache_level", "instance", "--timeout", "300"],
+                                   cwd=work, capture_output=True, text=True, timeout=600)
+                # swebench 4.1's make_run_report lists every container on the engine, then inspects
+                # each: one another test removes in between is a 404 there, after the grading. The
+                # harness run again keeps the graded instances (their report.json) and reports.
+                if h.returncode == 0 or "make_run_report" not in h.stderr or "No such container" not in h.stderr:
+                    break
             assert h.returncode == 0, (h.stdout + h.stderr)[-4000:]
             report = json.loads((work / f"{model.replace('/', '__')}.{run_id}.json").read_text())
             logs = work / "logs" / "run_evaluation" / run_id
