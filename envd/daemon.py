@@ -56,6 +56,13 @@ from swe import grading, harness, tamper
 from swe.rows import RowError, validate_row
 
 log = get_logger("envd")
+
+# The patch is what follows the mark: exec merges stderr into the output, and neither the login
+# shell's complaints (a container whose processes are exhausted: "/etc/profile: fork: retry") nor
+# git's warnings may end up in the patch; git's stderr goes to a file, shown only on failure.
+DIFF_MARK = "\n>>>>> swarl patch\n"
+DIFF_COMMAND = ("e=/tmp/.swarl-diff.err; git add -A >/dev/null 2>$e && printf '\\n>>>>> swarl patch\\n' "
+                "&& git diff --cached 2>>$e || { s=$?; cat $e; exit $s; }")
 T = TypeVar("T")
 EVAL_PATH = "/tmp/swarl_eval.sh"
 APPLY_TIMEOUT_S = 120
@@ -528,10 +535,10 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
     @app.post("/container/diff")
     async def diff(req: DiffReq) -> dict[str, Any]:
         c = envd.lookup(req.container_id)
-        out = await envd.exec(c, "git add -A && git diff --cached", req.cwd, {}, DIFF_TIMEOUT_S,
-                              cap=cfg.max_body_bytes)
-        ok = out.returncode == 0
-        return {"ok": True, "patch": out.output if ok else "", "returncode": out.returncode,
+        out = await envd.exec(c, DIFF_COMMAND, req.cwd, {}, DIFF_TIMEOUT_S, cap=cfg.max_body_bytes)
+        ok = out.returncode == 0 and DIFF_MARK in out.output
+        return {"ok": True, "patch": out.output.split(DIFF_MARK, 1)[1] if ok else "",
+                "returncode": out.returncode if out.returncode != 0 or ok else 1,
                 "error": "" if ok else out.output[-2000:]}
 
     @app.post("/container/evaluate")

@@ -129,8 +129,10 @@ async def _run_hostile(name: str, node, image: str, docker_url: str, exec_timeou
             if name in ("rm_rf_root", "fork_bomb"):
                 # the agent broke its own container: git fails there, which the actor grades as
                 # no patch (never an infrastructure failure that would spare it the -1)
+                # (git fails, or, when the bomb's forks let it run, leaves no change: the shell's
+                # complaints never count as a patch)
                 d = (await c.post("/container/diff", json={"container_id": cid})).json()
-                assert d["ok"] and d["returncode"] != 0, d
+                assert d["ok"] and (d["returncode"] != 0 or d["patch"] == ""), d
             attrs = await asyncio.to_thread(dc.api.inspect_container, cid)
             assert not attrs["HostConfig"]["Binds"] and not attrs["Mounts"]  # nothing of the host to reach
             assert attrs["HostConfig"]["SecurityOpt"] == ["no-new-privileges"]
