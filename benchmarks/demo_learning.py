@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))  # the packages before this folder (benchmarks/weight_sync.py), which Python put first
 
 from _record import markdown_table, record  # noqa: E402
-from swarl.demo.report import SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
+from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
 OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
@@ -61,8 +60,6 @@ def collect(run_dir: Path) -> dict:
     """A `swarl demo --seeds` run's summary: its learning-seeds.json, or, for a run stopped
     part-way, one built from the seeds whose every arm finished (each run's learning.json and
     result.json) — reported as the seeds it has, never padded."""
-    from swarl.demo.run import ARMS
-
     done = run_dir / "learning-seeds.json"
     if done.is_file():
         return json.loads(done.read_text())

@@ -52,17 +52,16 @@ from swarl.config import (
     load_config,
     rollout_temperature_error,
 )
+from swarl.demo.report import ARMS
 
 log = get_logger("demo")
 CACHE = Path(os.environ.get("SWARL_CACHE", Path.home() / ".cache" / "swarl"))
 RESTART = Restart(backoff_s=1.0, backoff_max_s=30.0, burst=5, interval_s=300.0)
 STATUS_STALE_S = 5.0  # a status read slower than this (Redis away) shows as such in the view
 
-
 SUITE = "generated"  # swe/tasks/generated.py: instances that must be read
 EVAL_SPLITS = ("train", "heldout", "heldout_family")
 HANDWRITTEN = "handwritten"  # the bundled hand-written suite (swe/tasks/tasks.jsonl), evaluated as is
-ARMS = ("rl", "shuffled")  # shuffled: learner.reward_shuffle, the shuffled-reward control
 # practice instances the warm start demonstrates on (swe.tasks.generated.practice): 1,200 steps of
 # 8, about 3.5 min on 2 cores; the loss reaches its floor (the choice among a family's edits) by ~1,000
 PRACTICE = 9600
