@@ -96,8 +96,9 @@ def test_cli_name(tmp_path: Path) -> None:
     assert _swarl("name", str(f)).stdout.strip() == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-1:latest"
     assert _swarl("name", "--data-source", "swe-gym", json.dumps({"instance_id": "getmoto__moto-1"})).stdout.strip() \
         == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-1:latest"
-    unknown = _swarl("name", json.dumps({"instance_id": "getmoto__moto-1"}))  # no family fits
-    assert unknown.returncode == 2 and "dataset_family" in unknown.stderr
+    # no family's marks: read in SWE-bench's format (SWE-Gym's fallback), named as SWE-Gym's
+    bare = _swarl("name", json.dumps({"instance_id": "getmoto__moto-1"}))
+    assert bare.returncode == 0 and bare.stdout.strip() == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-1:latest"
     assert _swarl("name", "-", stdin=json.dumps(get_task("swarl-tasks__statkit-3"))).stdout.strip() == \
         "swarl/task.statkit-3:latest"
     bad = _swarl("name", "{not json")
