@@ -60,6 +60,7 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     assert "warm start step" in p.stderr and "before: train" in p.stderr, p.stderr[-3000:]
 
 
+@pytest.mark.long  # two more demo runs (~90 s idle): `make long`; make test keeps the one-minute demo
 def test_seeds_equal_steps_and_shared_before(docker_url, tmp_path) -> None:
     """`--seeds` with `--steps`: both arms stop at the same learner step count (equal compute),
     the shuffled arm reuses the RL arm's "before" episodes (same warm start and draws), and a
