@@ -19,7 +19,8 @@ test: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal --durations=15 $(ARGS)
 
 # the whole-system runs of several minutes (marker `long`): the tiny-model whole loop, the quick
-# async-vs-sync benchmark, every bundled task graded under the reward-hack defences
+# async-vs-sync benchmark, every bundled task graded under the reward-hack defences, the demo's
+# two-arm --seeds run
 long: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m long tests $(ARGS)
 
