@@ -38,6 +38,16 @@ class RowError(ValueError):
                 "error": self.msg}
 
 
+def check_tests_and_scripts(row: dict[str, Any], scripts: tuple[str, ...]) -> None:
+    """What every graded family asks of a row beyond its model: a FAIL_TO_PASS that can show the
+    issue resolved, and each of `scripts` (the row's own test command) non-empty when present."""
+    if not listed_tests(row, "FAIL_TO_PASS"):
+        raise RowError("empty: nothing would show the issue resolved", field="FAIL_TO_PASS")
+    for fld in scripts:
+        if row.get(fld) is not None and not row[fld].strip():
+            raise RowError("must not be empty when present", field=fld)
+
+
 def listed_tests(row: dict[str, Any], key: str) -> list[str]:
     """FAIL_TO_PASS / PASS_TO_PASS as a list: a JSON-encoded string (SWE-bench) or a list (SWE-Gym)."""
     value = row.get(key)

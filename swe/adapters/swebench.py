@@ -22,7 +22,15 @@ from typing import Any, ClassVar
 from swe import grading
 from swe.adapters.base import Adapter, register
 from swe.grading import EvalReport
-from swe.schema import InstanceId, NonEmptyStr, Repo, RowError, RowModel, TestIds, listed_tests
+from swe.schema import (
+    InstanceId,
+    NonEmptyStr,
+    Repo,
+    RowError,
+    RowModel,
+    TestIds,
+    check_tests_and_scripts,
+)
 
 # Needed to build the harness's eval script when the row brings no eval_script of its own.
 SCRIPT_FIELDS = ("base_commit", "test_patch", "version")
@@ -57,11 +65,8 @@ class SweBenchFormat(Adapter):
     model = SweBenchRow
 
     def check(self, row: dict[str, Any]) -> None:
-        if not listed_tests(row, "FAIL_TO_PASS"):
-            raise RowError("empty: nothing would show the issue resolved", field="FAIL_TO_PASS")
+        check_tests_and_scripts(row, ("eval_script",))
         if row.get("eval_script") is not None:
-            if not row["eval_script"].strip():
-                raise RowError("must not be empty when present", field="eval_script")
             return
         for fld in SCRIPT_FIELDS:
             if not (row.get(fld) or "").strip():

@@ -34,7 +34,16 @@ from typing import Any, ClassVar
 from swe import grading
 from swe.adapters.base import Adapter, register
 from swe.grading import END_TEST_OUTPUT, HEREDOC, START_TEST_OUTPUT, EvalReport, parse_pytest
-from swe.schema import InstanceId, NonEmptyStr, Repo, RowError, RowModel, TestIds, listed_tests
+from swe.schema import (
+    InstanceId,
+    NonEmptyStr,
+    Repo,
+    RowError,
+    RowModel,
+    TestIds,
+    check_tests_and_scripts,
+    listed_tests,
+)
 
 DEFAULT_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
 ENV_NAME = "testbed"
@@ -80,11 +89,7 @@ class SweSmith(Adapter):
         return smith_shape(row)
 
     def check(self, row: dict[str, Any]) -> None:
-        if not listed_tests(row, "FAIL_TO_PASS"):
-            raise RowError("empty: nothing would show the issue resolved", field="FAIL_TO_PASS")
-        for fld in ("test_cmd", "eval_script"):
-            if row.get(fld) is not None and not row[fld].strip():
-                raise RowError("must not be empty when present", field=fld)
+        check_tests_and_scripts(row, ("test_cmd", "eval_script"))
         if not row.get("eval_script") and not row.get("test_cmd") and not test_files(row):
             raise RowError("no test names a file (`path::test`): give the row its test_cmd or "
                            "eval_script", field="FAIL_TO_PASS")
