@@ -193,10 +193,7 @@ class LeasedEpisodes:
             if not isinstance(e, InfraError):
                 log.warning("lease_wait_failed", error=f"{type(e).__name__}: {e}")
             return
-        try:
-            await asyncio.wait_for(self.pool.close(lease.lease_id), 30)
-        except Exception as e:  # the pool reaps an unclosed lease when it expires
-            log.warning("lease_close_failed", lease=lease.lease_id, error=f"{type(e).__name__}: {e}")
+        await self._close_quietly(lease)
 
     async def _save(self, job: EpisodeJob, agent: Agent | None, ep: EpisodeResult | None,
                     error: BaseException | None, meta: dict[str, Any]) -> Path | None:
