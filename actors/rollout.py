@@ -46,6 +46,7 @@ class Rollouts:
         from broker.admission import Admission
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.replay import ReplayWriter
+        from broker.running import RunningEpisodes
         from envd.client import EnvdClient
 
         self.rt, self.a, self.redis = rt, rt.actor, redis
@@ -54,6 +55,10 @@ class Rollouts:
         instance = os.environ.get("SWARL_ACTOR_INSTANCE")
         self.actor_id = actor_id or f"{socket.gethostname()}:{instance or os.getpid()}"
         self.admission = Admission(redis, self.keys, rt.admission)
+        # this process's running episodes (job id -> version at pin), listed in Redis for the
+        # learner's straggler grace and refreshed by the version poll while they run
+        self.running_eps = RunningEpisodes(redis, self.keys)
+        self._listed: dict[str, int] = {}
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
         self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
@@ -191,6 +196,7 @@ class Rollouts:
 
             if not admitted:  # its group was closed before it started
                 return await self._abandoned(job, policy, version, slot.busy_s(t_busy), "group_closed")
+            await self._list_running(job.job_id, version)
             ep, stopped = await self._unless_stale(version, job.group_id, self.episodes.run(
                 job, policy, version, on_generated=let_go, meta={
                     "server": server.url, "server_id": server.id, "policy_version": version,
@@ -250,6 +256,8 @@ class Rollouts:
             self._past_admission.discard(job.job_id)
             slot.give()
             stop_renewing.set()
+            if job.job_id in self._listed:  # after its samples were written: the learner reads them
+                await asyncio.shield(self._unlist_running(job.job_id))
             if policy is not None:
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(self._count_tokens(policy.generated, written, waste))
@@ -309,8 +317,7 @@ class Rollouts:
         call here: this task is cancelled when its episode ends, and redis-py can swallow a
         cancellation that lands inside a command (see _keep_pin); one poller per process reads
         for all episodes instead."""
-        if self._version_poll is None:
-            self._version_poll = asyncio.create_task(self._poll_version())
+        self._start_polling()
         while True:
             if self._current > last:
                 return "stale"
@@ -318,8 +325,28 @@ class Rollouts:
                 return "group_closed"
             await self._version_changed.wait()
 
+    def _start_polling(self) -> None:
+        if self._version_poll is None:
+            self._version_poll = asyncio.create_task(self._poll_version())
+
+    async def _list_running(self, job_id: str, version: int) -> None:
+        """The episode runs from `version` on (broker.running): a learner with
+        learner.straggler_grace_s holds a step that would make it stale. A Redis blip only costs
+        that grace."""
+        self._listed[job_id] = version
+        self._start_polling()
+        with contextlib.suppress(Exception):
+            await self.running_eps.add(job_id, version)
+
+    async def _unlist_running(self, job_id: str) -> None:
+        self._listed.pop(job_id, None)
+        with contextlib.suppress(Exception):
+            await self.running_eps.remove(job_id)
+
     async def _poll_version(self) -> None:
         while not self._stop_polling.is_set():
+            with contextlib.suppress(Exception):
+                await self.running_eps.refresh(sorted(self._listed))
             with contextlib.suppress(Exception):  # a Redis blip is waited out
                 current = await self.policies.current()
                 closed = await self.admission.closed(sorted(self._running_groups))

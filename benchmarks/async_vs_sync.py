@@ -341,6 +341,9 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
                  + float(x.get("publish_s", 0)) for x in later)
     out["learner_idle"] = max(0.0, 1 - busy_s / window)
     out["learner_busy_s_per_step"] = busy_s / len(later)
+    # learner.straggler_grace_s: seconds steps waited for running episodes they would make stale
+    out["straggler_wait_s_per_step"] = sum(float(x.get("straggler_wait_s", 0)) for x in later) / len(later)
+    out["straggler_grace_ran_out"] = int(rows[-1].get("straggler_grace_ran_out", 0))
     inside = [b for b in busy if t1 <= b[0] <= tn]
     if len(inside) >= 2:
         slot_s = sum((b2[0] - b1[0]) * b1[2] for b1, b2 in itertools.pairwise(inside))

@@ -132,28 +132,44 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def grace_s(o: argparse.Namespace) -> float:
+    """The learner's straggler grace in these runs: a --set of it, else the config's default."""
+    from learner.config import LearnerConfig
+
+    for kv in o.sets:
+        key, _, value = kv.partition("=")
+        if key == "learner.straggler_grace_s":
+            return float(value)
+    return float(LearnerConfig().straggler_grace_s)
+
+
 def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
     headers = ["profile", "max_staleness", "mode", "steps", "samples/min", "ideal", "ratio to ideal",
-               "wasted tokens %", "wasted by cause", "every server s", "learner idle", "max age"]
+               "wasted tokens %", "wasted by cause", "every server s", "learner idle", "held s/step",
+               "grace ran out", "max age"]
     table, summary = [], {"minutes": o.minutes, "batch": o.batch, "slots": o.actors * o.concurrency}
     for r in results:
         table.append([r["profile"], r["eta"], r["mode"], r["steps"], round(r["samples_per_min"], 1),
                       round(r["ideal_samples_per_min"], 1), round(r["ratio_to_ideal"], 3),
                       round(100 * r["wasted_fraction"], 2),
                       " ".join(f"{k}:{v}" for k, v in sorted(r["tokens_wasted"].items())) or "-",
-                      round(r["sync_s"], 2), round(r["learner_idle"], 3), r["max_staleness_seen"]])
+                      round(r["sync_s"], 2), round(r["learner_idle"], 3),
+                      round(r.get("straggler_wait_s_per_step", 0.0), 2), r.get("straggler_grace_ran_out", 0),
+                      r["max_staleness_seen"]])
         tag = f"{r['profile']}_eta{r['eta']}_{r['mode'].replace('-', '_')}"
         summary[f"samples_per_min_{tag}"] = round(r["samples_per_min"], 1)
         summary[f"ratio_to_ideal_{tag}"] = round(r["ratio_to_ideal"], 3)
         summary[f"wasted_fraction_{tag}"] = round(r["wasted_fraction"], 4)
         summary[f"every_server_s_{tag}"] = round(r["sync_s"], 2)
         summary[f"learner_idle_{tag}"] = round(r["learner_idle"], 3)
+        summary[f"held_s_per_step_{tag}"] = round(r.get("straggler_wait_s_per_step", 0.0), 2)
         summary[f"staleness_bound_kept_{tag}"] = r["max_staleness_seen"] <= r["eta"]
     notes = (
         f"Each setting: {o.actors} actors x {o.concurrency} episodes, {o.servers} scripted servers, batch "
         f"{o.batch} ({o.batch // o.group} tasks x {o.group}), {o.minutes:g} min from the first learner step, "
         "the same seeds (task order, latency draws) in both modes; the bundled train tasks in real "
-        "containers, the tiny model trained by `swarl learner`, rolling disk weight sync every step. "
+        "containers, the tiny model trained by `swarl learner`, rolling disk weight sync every step, "
+        f"learner.straggler_grace_s {grace_s(o):g}. "
         f"Base profile {o.base_latency.model_dump_json()}; long profile {o.long_latency.model_dump_json()}. "
         "ideal = slots x 60 / (mean episode wall s - grading s) x samples per episode (every slot always "
         "busy with an episode that ends trained); wasted = generated tokens never trained (stale-stopped, "
@@ -164,7 +180,9 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, An
         notes += (f" A short run ({o.minutes:g} min per setting, {min(steps)}-{max(steps)} learner steps "
                   "each, one seed): the figures show the benchmark works and the direction, not the full "
                   "measurement (make the budget 6 min or more, and repeat the seeds).")
-    notes += (" 'every server s' is measured by polling the registry every 0.25 s: 0 means within one poll.")
+    notes += (" 'every server s' is measured by polling the registry every 0.25 s: 0 means within one poll."
+              " 'held s/step': seconds a step waited for running episodes it would have made stale "
+              "(learner.straggler_grace_s); 'grace ran out': steps taken with some still running.")
     tables = markdown_table(headers, table)
     if not o.no_record:
         record("async_vs_sync_modes", tables, summary, notes)

@@ -160,6 +160,19 @@ class Keys:
         without them, or dropped); a member still running or not started can only be dropped."""
         return f"{self.base}:admission:closed:{group_id}"
 
+    # -- running episodes (broker.running) ----------------------------------------------
+    @property
+    def running_oldest(self) -> str:
+        """Sorted set job_id -> the oldest policy version the running episode may have generated
+        with (its version at pin): the learner holds a step that would make one stale."""
+        return f"{self.base}:running:oldest"
+
+    @property
+    def running_seen(self) -> str:
+        """Sorted set job_id -> when its actor last refreshed it (Redis time, ms): entries of a
+        dead actor lapse after broker.running.RUNNING_TTL_S."""
+        return f"{self.base}:running:seen"
+
     # -- stats --------------------------------------------------------------------------
     @property
     def stats(self) -> str:

@@ -16,6 +16,7 @@ from broker.evals import EvalBoard
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from broker.registry import ActorRegistry, PolicyRegistry, ServerRegistry
 from broker.replay import RATE_BUCKET_S
+from broker.running import RunningEpisodes
 
 
 def _s(x: Any) -> str:
@@ -52,6 +53,9 @@ async def gather(redis: aioredis.Redis, keys: Keys, replay: ReplayConfig,
         "policy": {"current": await PolicyRegistry(redis, keys).current(),
                    "versions": sorted((await PolicyRegistry(redis, keys).manifests()).keys())},
         "admission": await Admission(redis, keys, admission).capacity(),
+        # running episodes by the oldest version they may hold (what the learner's straggler
+        # grace waits for)
+        "running_by_version": await RunningEpisodes(redis, keys).by_version(),
         "servers": [{"id": s.id, "url": s.url, "version": s.version, "state": s.state,
                      "pins": s.pins, "alive": s.alive, "error": s.error, "role": s.role}
                     for s in await ServerRegistry(redis, keys).list()],
@@ -94,6 +98,10 @@ def render(st: dict[str, Any]) -> Any:
     head.add_row("pending (learner)", str(g.get("pending", "-")), "lag", str(g.get("lag", "-")))
     a = st["admission"]
     head.add_row("rollouts started", f"{a['started']}/{a['capacity']}", "samples/min", str(st["samples_per_min"]))
+    by_version = st.get("running_by_version") or {}
+    if by_version:
+        head.add_row("episodes running", ", ".join(f"v{v}: {n}" for v, n in sorted(by_version.items(), key=lambda kv: int(kv[0]))),
+                     "", "")
     if st["learner"]:
         head.add_row("learner step", st["learner"].get("step", "-"), "learner version",
                      st["learner"].get("version", "-"))

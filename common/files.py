@@ -27,3 +27,15 @@ def machine_lock(name: str, timeout_s: float = 3600.0) -> Iterator[None]:
     for `timeout_s` is an error, not a silent wait."""
     with FileLock(Path(tempfile.gettempdir()) / f"swarl-{name}.lock", timeout=timeout_s):
         yield
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` whole: a kill leaves the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -140,7 +140,7 @@ class Assembler:
         # (in the loss), "loss_masked" (in a trained sample, out of the loss: a format error),
         # "dropped_<reason>". Masked samples' tokens are counted wasted by their actor.
         self.tokens: Counter[str] = Counter()
-        self.tokens_total: Counter[str] = Counter()  # the same, since this process started
+        self.tokens_total: Counter[str] = Counter()  # the same, for the run (the loop restores it)
 
     # -- intake ------------------------------------------------------------------------
     def add(self, entries: list[Entry]) -> None:
@@ -271,8 +271,13 @@ class Assembler:
             else:
                 self._drop_episode(ep, "stale", age=version - ep.policy_version)
 
-    def take_batch(self, version: int) -> Batch | None:
-        """Ready groups totalling >= batch_size usable episodes, or None (they keep waiting)."""
+    def batch_ready(self, version: int) -> bool:
+        """Whether `take_batch(version)` would return a batch now (ready groups are closed and
+        stale episodes dropped as it would; nothing is taken)."""
+        self._refresh_ready(version)
+        return sum(len(g.episodes) for g in self._ready) >= self.batch_size
+
+    def _refresh_ready(self, version: int) -> None:
         self._ready = self._ready + self.ready_groups(version)
         # groups already closed may have gone stale while waiting for the batch to fill
         fresh: list[ReadyGroup] = []
@@ -288,8 +293,12 @@ class Assembler:
                 for ep in keep:
                     self._drop_episode(ep, "small_group")
         self._ready = fresh
-        if sum(len(g.episodes) for g in fresh) < self.batch_size:
+
+    def take_batch(self, version: int) -> Batch | None:
+        """Ready groups totalling >= batch_size usable episodes, or None (they keep waiting)."""
+        if not self.batch_ready(version):
             return None  # nothing goes stale while the learner waits: the version stays
+        fresh = self._ready
         last = version - self.max_staleness  # the oldest version this step may train, and the last
         if self.salvage:
             fresh += self._salvage(version)

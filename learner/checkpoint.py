@@ -2,8 +2,8 @@
 renamed into place (a kill -9 mid-write leaves no half checkpoint), plus a `latest` pointer.
 
 Each holds the backend's model (HF safetensors) + optimizer + scheduler, the RNG states, and
-`state.json`: step, policy version, every consumed sample id and every decided group id, and
-the drop counters. Resume = load the newest one; what it records is exactly what was trained.
+`state.json`: step, policy version, every consumed sample id and every decided group id, the
+drop counters and the decided token counts. Resume = load the newest one; what it records is exactly what was trained.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class LearnerState:
     dropped_stale: dict[str, int] = field(default_factory=dict)
     trained_samples: int = 0
     trained_tokens: int = 0
+    # generated tokens the learner decided, by what (trained, loss_masked, dropped_<reason>):
+    # the stats hash's learner fields, exact across a kill (learner.loop)
+    tokens: dict[str, int] = field(default_factory=dict)
 
 
 def ckpt_root(run_dir: str | Path) -> Path:

@@ -25,6 +25,8 @@ version. A clean stop checkpoints the steps since the last checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +35,8 @@ from typing import Any
 from broker.admission import Admission
 from broker.registry import PolicyRegistry
 from broker.replay import ReplayReader
+from broker.running import RunningEpisodes
+from common.files import atomic_write_text
 from common.logs import get_logger
 from learner import checkpoint
 from learner.assembly import Assembler, Batch
@@ -61,6 +65,14 @@ class Learner:
         self.reader = ReplayReader(redis, keys, group=rt.replay.group, consumer=consumer)
         self.policy = PolicyRegistry(redis, keys)
         self.admission = Admission(redis, keys, rt.admission)
+        self.running = RunningEpisodes(redis, keys)
+        # straggler grace (learner.straggler_grace_s): since when the next step is held for
+        # running episodes it would make stale; whether the last hold ended with them finished
+        # (one more read then takes their samples); the seconds the last step waited
+        self._hold_since: float | None = None
+        self._held_until_done = False
+        self._waited_s = 0.0
+        self._grace_ran_out = 0
         self.asm = Assembler(
             n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
             max_staleness=rt.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
@@ -69,6 +81,8 @@ class Learner:
             consumed=set(self.state.consumed), closed_groups=set(self.state.closed_groups))
         self.asm.dropped.update(self.state.dropped)
         self.asm.dropped_stale.update({int(k): v for k, v in self.state.dropped_stale.items()})
+        self.tokens_path = self.run_dir / "learner" / "tokens.json"
+        self.asm.tokens_total.update(self._restored_tokens())
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.lcfg.tensorboard)
         self.trained = TrainedIds(self.run_dir / "learner" / "trained.jsonl")
         self._to_ack: list[str] = []
@@ -100,7 +114,8 @@ class Learner:
                 if entries:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)
-                batch = self.asm.take_batch(self.state.version)
+                held = await self._hold_for_stragglers()
+                batch = None if held else self.asm.take_batch(self.state.version)
                 await self._give_back()
                 if batch is not None:
                     await self._train(batch)
@@ -111,9 +126,13 @@ class Learner:
                     dropped = self.asm.take_decided()
                     if self.state.step > self._saved_step:
                         self._to_ack += dropped  # decided on state a kill would lose
-                    else:
+                    elif dropped:
+                        await self._count_tokens()
                         await self.reader.ack(dropped)
-                    if (self.lcfg.idle_exit_s is not None
+                        await asyncio.to_thread(self._save_acked_tokens)
+                    if held:  # a batch is ready: waiting for stragglers is not idleness
+                        last_arrival = time.monotonic()
+                    elif (self.lcfg.idle_exit_s is not None
                             and time.monotonic() - last_arrival > self.lcfg.idle_exit_s):
                         log.info("learner_idle_exit", idle_s=self.lcfg.idle_exit_s)
                         break
@@ -127,6 +146,49 @@ class Learner:
             await self._heartbeat(force=True, status="stopped")
             self.metrics.close()
         return self.state
+
+    async def _hold_for_stragglers(self) -> bool:
+        """True while the next step waits (learner.straggler_grace_s) for running episodes it
+        would make stale: a step that publishes version v + 1 leaves behind every episode whose
+        oldest token is older than v + 1 - max_staleness (the actors stop it, or the learner
+        drops its samples). The grace runs from when a batch is ready; the loop reads on
+        meanwhile. Once they are done, one more round reads their samples before the step."""
+        grace = self.lcfg.straggler_grace_s
+        publishes = (self.state.step + 1) % max(1, self.lcfg.update_every) == 0
+        if grace <= 0 or not publishes or not self.asm.batch_ready(self.state.version):
+            return False
+        if self._held_until_done:  # their samples were read in this round
+            self._held_until_done = False
+            return False
+        now = time.monotonic()
+        if self._hold_since is not None and now - self._hold_since >= grace:
+            return False  # grace spent: step anyway
+        due = self.state.version - self.rt.admission.max_staleness
+        try:
+            at_risk, oldest = await self.running.at_risk(due)
+        except Exception as e:  # Redis away: no grace rather than no steps
+            log.warning("straggler_check_failed", error=str(e))
+            return False
+        if at_risk == 0:
+            if self._hold_since is not None:  # they finished: read their samples first
+                self._held_until_done = True
+                return True
+            return False
+        if self._hold_since is None:
+            self._hold_since = now
+            log.info("step_held_for_stragglers", version=self.state.version, episodes=at_risk,
+                     oldest=oldest, grace_s=grace)
+        return True
+
+    def _end_hold(self) -> None:
+        """A step is taken: how long it waited for stragglers, for its metrics."""
+        if self._hold_since is None:
+            self._waited_s = 0.0
+            return
+        self._waited_s = time.monotonic() - self._hold_since
+        if self._waited_s >= self.lcfg.straggler_grace_s:
+            self._grace_ran_out += 1
+        self._hold_since, self._held_until_done = None, False
 
     async def _give_back(self) -> None:
         """Admission slots of the episodes just dropped untrained (learner.assembly). Not
@@ -151,21 +213,40 @@ class Learner:
 
     async def _count_tokens(self) -> None:
         """The generated tokens decided (trained, or wasted by cause) into the stats hash, beside
-        the actors' counts (actors.rollout): `swarl status` sums them. Not checkpointed: a crash
-        counts the re-read entries' tokens again."""
+        the actors' counts (actors.rollout): `swarl status` sums them. The learner's fields are
+        written as the run's totals (HSET, not HINCRBY) from counts the checkpoint keeps, so a
+        kill does not count the entries it re-reads twice: the totals go back to the checkpoint's
+        with the steps, and the entries decided since are decided (and counted) again. Drops
+        acknowledged without a checkpoint are kept in learner/tokens.json."""
         tokens = self.asm.take_tokens()
         if not tokens:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for what, n in tokens.items():
-            pipe.hincrby(self.keys.stats, "tokens_trained" if what == "trained" else f"tokens_wasted/{what}", n)
+        total = self.asm.tokens_total
+        fields = {("tokens_trained" if w == "trained" else f"tokens_wasted/{w}"): total[w] for w in tokens}
         try:
-            await pipe.execute()
-        except Exception as e:  # Redis away: counted with the next ones
+            await self.redis.hset(self.keys.stats, mapping=fields)
+        except Exception as e:  # Redis away: written with the next ones
             self.asm.tokens.update(tokens)
             log.warning("token_counts_failed", error=str(e))
 
+    def _restored_tokens(self) -> dict[str, int]:
+        """The decided token counts to resume from: the checkpoint's, or learner/tokens.json's
+        when it was written at the checkpoint's step (drops acknowledged since it, which the
+        restart will not read again)."""
+        tokens = dict(self.state.tokens)
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            saved = json.loads(self.tokens_path.read_text())
+            if int(saved["step"]) == self.state.step:
+                tokens = {str(k): int(v) for k, v in saved["tokens"].items()}
+        return tokens
+
+    def _save_acked_tokens(self) -> None:
+        """Drops acknowledged with no step since the checkpoint: their counts outlive a kill."""
+        atomic_write_text(self.tokens_path, json.dumps({"step": self.state.step,
+                                                        "tokens": dict(self.asm.tokens_total)}))
+
     async def _train(self, batch: Batch) -> None:
+        self._end_hold()
         items, rstats = batch_items(batch, self.lcfg)
         m = await asyncio.to_thread(self.trainer.train, items)
         st = self.state
@@ -206,6 +287,7 @@ class Learner:
         st.closed_groups = sorted(self.asm.closed_groups)
         st.dropped = dict(self.asm.dropped)
         st.dropped_stale = {str(k): v for k, v in self.asm.dropped_stale.items()}
+        st.tokens = dict(self.asm.tokens_total)
         await asyncio.to_thread(checkpoint.save, self.run_dir, self.trainer, st,
                                 self.lcfg.keep_checkpoints)
         self._saved_step = st.step
@@ -259,6 +341,8 @@ class Learner:
         out: dict[str, Any] = {"version": self.state.version, **rstats,
                                **{k: v for k, v in m.items()}}
         out["episodes"] = batch.n_episodes
+        out["straggler_wait_s"] = round(self._waited_s, 3)  # this step held for running episodes
+        out["straggler_grace_ran_out"] = self._grace_ran_out  # steps taken with some still running
         out["groups"] = len(batch.groups)
         out["samples_held"] = self.asm.n_held
         for age, n in sorted(batch.staleness.items()):
@@ -272,7 +356,7 @@ class Learner:
         out["groups_salvaged"] = self.asm.salvaged  # since this learner process started
         for age, n in sorted(self.asm.dropped_stale.items()):
             out[f"dropped_stale/age_{age}"] = n
-        for what, n in sorted(self.asm.tokens_total.items()):  # since this learner process started
+        for what, n in sorted(self.asm.tokens_total.items()):  # the run's (restored on resume)
             out[f"tokens/{what}"] = n
         out.update(agent_metrics(batch))
         return out

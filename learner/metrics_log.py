@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from common.files import atomic_write_text
+
 
 def truncate_after(path: Path, step: int) -> int:
     """Drop lines whose "step" > step (written after the checkpoint we resume from)."""
@@ -29,9 +31,7 @@ def truncate_after(path: Path, step: int) -> int:
             kept.append(line)
         else:
             dropped += 1
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(k + "\n" for k in kept))
     return dropped
 
 

@@ -4,6 +4,7 @@ metrics and plots are written, a checkpointed-but-unpublished version is publish
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -205,4 +206,92 @@ async def test_idle_exit_counts_from_the_end_of_a_step(cfg, keys, small_model_di
     await writer.add([make_sample(f"b{g}", i, version=1) for g in range(2) for i in range(2)])
     state = await asyncio.wait_for(task, 60)
     assert state.step == 2
+    await r.aclose()
+
+
+async def test_a_step_waits_for_a_running_episode_it_would_make_stale(cfg, keys, small_model_dir,
+                                                                     tmp_path) -> None:
+    """learner.straggler_grace_s: at max_staleness 0 the first step (publishing version 1) would
+    make every version-0 episode stale; one still runs (listed in broker.running), so the step
+    waits for it and trains its group whole instead of dropping it."""
+    from broker.running import RunningEpisodes
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, straggler_grace_s=30.0)
+    r = connect(cfg.redis.url)
+    writer, running = ReplayWriter(r, keys), RunningEpisodes(r, keys)
+    await running.add("straggler", 0)
+    # two complete groups (a batch) and one of the third group's two episodes
+    await writer.add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)]
+                     + [make_sample("c", 0, version=0)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                              cfg.learner), None)
+    task = asyncio.create_task(learner.run())
+    await asyncio.sleep(2.0)
+    assert learner.state.step == 0  # held: the batch is ready, the straggler runs
+    await writer.add([make_sample("c", 1, version=0)])  # it finishes: samples, then unlisted
+    await running.remove("straggler")
+    state = await asyncio.wait_for(task, 60)
+    assert (state.step, state.trained_samples) == (1, 6) and not learner.asm.dropped
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["episodes"] == 6 and 1.8 <= row["straggler_wait_s"] < 30 and row["straggler_grace_ran_out"] == 0
+    await r.aclose()
+
+
+async def test_the_grace_runs_out_and_the_step_goes_on(cfg, keys, small_model_dir, tmp_path) -> None:
+    """A straggler that outlasts the grace (or a listing no actor refreshes any more) delays a
+    step by straggler_grace_s at most; its group is then decided as without the grace."""
+    from broker.running import RunningEpisodes
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, straggler_grace_s=1.5)
+    r = connect(cfg.redis.url)
+    await RunningEpisodes(r, keys).add("never-ends", 0)
+    await ReplayWriter(r, keys).add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                              cfg.learner), None)
+    t0 = time.monotonic()
+    state = await asyncio.wait_for(learner.run(), 60)
+    assert state.step == 1 and time.monotonic() - t0 >= 1.5
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert 1.5 <= row["straggler_wait_s"] < 5 and row["straggler_grace_ran_out"] == 1
+    await r.aclose()
+
+
+async def test_token_counts_survive_a_kill_without_counting_twice(cfg, keys, small_model_dir) -> None:
+    """The learner's token fields in the stats hash are the run's totals: a learner killed
+    after an unrecorded step re-trains its entries on restart without counting their tokens
+    again, and stale drops acknowledged before the kill stay counted."""
+    cfg = configure(cfg, small_model_dir, idle_exit_s=0.5, checkpoint_every=100)
+    cfg.admission.max_staleness = 1
+    r = connect(cfg.redis.url)
+    writer = ReplayWriter(r, keys)
+    await r.set(keys.policy_current, 3)
+
+    def learner() -> Learner:
+        state = checkpoint.load(checkpoint.latest(cfg.run.dir), TorchBackend(cfg.learner, small_model_dir)) \
+            if checkpoint.latest(cfg.run.dir) else LearnerState(step=3, version=3)
+        return Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                               cfg.learner), None, state)
+
+    first = learner()
+    task = asyncio.create_task(first.run())
+    await writer.add([make_sample("old", i, version=0, length=20, prompt_len=5) for i in range(2)])
+    for _ in range(200):  # dropped stale and acknowledged (no step since the checkpoint)
+        if (await r.xpending(keys.replay, cfg.replay.group))["pending"] == 0 and first.asm.dropped:
+            break
+        await asyncio.sleep(0.05)
+    await writer.add([make_sample(g, i, version=3, length=12, prompt_len=5) for g in "ab" for i in range(2)])
+    for _ in range(600):
+        if first.state.step == 4:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    task.cancel()  # killed: step 4 is in no checkpoint, its entries stay pending
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    stats = await r.hgetall(keys.stats)
+    assert int(stats[b"tokens_wasted/dropped_stale"]) == 2 * 15 and int(stats[b"tokens_trained"]) == 4 * 7
+    state = await asyncio.wait_for(learner().run(), 60)  # re-trains step 4 from the pending entries
+    assert state.step == 4
+    stats = await r.hgetall(keys.stats)
+    assert int(stats[b"tokens_wasted/dropped_stale"]) == 2 * 15 and int(stats[b"tokens_trained"]) == 4 * 7
     await r.aclose()

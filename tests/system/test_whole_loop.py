@@ -109,7 +109,9 @@ async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_facto
         terminate(learner, 60)
         current = int(await r.get(KEYS.policy_current) or 0)
         stats = {k: _number(v) for k, v in (await r.hgetall(KEYS.stats)).items()}
+        listed = await r.zrange(KEYS.running_oldest, 0, -1)
         await r.aclose()
+    assert not listed, listed  # every episode listed as running (broker.running) was unlisted
     return Outcome(run_dir, watch, done, failed, servers, envd, current, stats, tokens(stats))
 
 
