@@ -161,6 +161,7 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
     max_staleness it runs on: its samples may still be trained."""
 
     from broker.registry import PolicyRegistry
+    from broker.running import RunningEpisodes
 
     row = calc_row(test_image, 3, "sleep")
     server = start_scripted(tiny_model_dir, [row], redis_url, tmp_path / "logs", mode="sleep", sleep_s=20)
@@ -174,10 +175,15 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         while not (await reg.list())[0].pins:
             assert not task.done(), task.result()
             await asyncio.sleep(0.05)
+        # listed as running from its version (broker.running: the learner's straggler grace)
+        running = RunningEpisodes(r, KEYS)
+        assert await running.at_risk(0) == (1, 0)
         if eta:
             await policies.publish(eta, {})  # still trainable: nothing happens
             await asyncio.sleep(2.5)
             assert not task.done()
+            # refreshed while it runs: a listing older than 2 s would be a dead actor's
+            assert (await RunningEpisodes(r, KEYS, ttl_s=2.0).at_risk(0))[0] == 1
         await policies.publish(eta + 1, {})
         t0 = time.monotonic()
         res = await asyncio.wait_for(task, 15)
@@ -191,6 +197,7 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         assert (await reg.list())[0].pins == 0
         assert (await ro.pool.status())["leases"] == 0
         assert ro.totals["episodes_abandoned_stale"] == 1
+        assert await running.count() == 0  # unlisted once its masked sample was written
     finally:
         await ro.aclose()
         await r.aclose()
