@@ -48,21 +48,20 @@ def sampling_temperature(seed_dir: Path) -> float | None:
 
 
 def _wall_minutes(run_dir: Path) -> float | None:
-    """A finished run's wall time: its directory's creation to its summary's last write."""
-    try:
-        return round(((run_dir / "learning-seeds.json").stat().st_mtime
-                      - min(p.stat().st_mtime for p in run_dir.glob("seed-*/*/config.yaml"))) / 60, 1)
-    except (OSError, ValueError):
+    """A finished run's wall time: per seed and arm, its config's write to its result's, summed
+    (the arms may have run in several calls, hours apart)."""
+    arms = [d for d in run_dir.glob("seed-*/*") if (d / "result.json").is_file() and (d / "config.yaml").is_file()]
+    if not arms:
         return None
+    return round(sum((d / "result.json").stat().st_mtime - (d / "config.yaml").stat().st_mtime
+                     for d in arms) / 60, 1)
 
 
-def collect(run_dir: Path) -> dict:
-    """A `swarl demo --seeds` run's summary: its learning-seeds.json, or, for a run stopped
-    part-way, one built from the seeds whose every arm finished (each run's learning.json and
-    result.json) — reported as the seeds it has, never padded."""
-    done = run_dir / "learning-seeds.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
+    """A `swarl demo --seeds` run's summary, built from the seeds whose every arm finished
+    (each run's learning.json and result.json; not from its learning-seeds.json, which
+    describes only the last `swarl demo` call into the directory) — reported as the seeds it
+    has, never padded; `partial` when they are not the `expected` ones."""
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for seed_dir in sorted(run_dir.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
         arms = [seed_dir / arm for arm in ARMS]
@@ -74,7 +73,8 @@ def collect(run_dir: Path) -> dict:
         raise SystemExit(f"{run_dir}: no seed with every arm finished")
     agg = aggregate(runs[ARMS[0]], runs[ARMS[1]])
     plot(agg, run_dir / "learning-seeds.png")
-    return {"aggregate": agg, "runs": runs, "partial": True}
+    found = [r["seed"] for r in runs[ARMS[0]]]
+    return {"aggregate": agg, "runs": runs, "partial": expected is not None and found != expected}
 
 
 def run(seeds: str, minutes: float | None, steps: int, extra: list[str]) -> Path:
@@ -108,7 +108,7 @@ def main() -> int:
     else:
         t0 = time.monotonic()
         run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.steps, a.demo_args)
-        data = collect(run_dir)
+        data = collect(run_dir, [int(x) for x in a.seeds.split(",") if x])
         if a.from_run:
             a.seeds = ",".join(str(r["seed"]) for r in data["runs"]["rl"])
         data["meta"] = {"command": f"benchmarks/demo_learning.py --seeds {a.seeds}"

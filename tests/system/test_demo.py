@@ -84,14 +84,15 @@ def test_seeds_equal_steps_and_shared_before(docker_url, tmp_path) -> None:
         a, b = ((run_dir / "seed-0" / arm / "eval" / f"before-{split}" / "results.jsonl").read_text()
                 for arm in ("rl", "shuffled"))
         assert a == b and a.strip(), split
-    # a partial run: seed 1 has only its RL arm, so the summary holds seed 0 alone
-    (run_dir / "learning-seeds.json").unlink()
+    # a partial run: seed 1 has only its RL arm, so the summary holds seed 0 alone (built from
+    # the seed directories: learning-seeds.json describes only the last call into the directory)
     (run_dir / "seed-1" / "rl").mkdir(parents=True)
     for f in ("learning.json", "result.json"):
         (run_dir / "seed-1" / "rl" / f).write_text((run_dir / "seed-0" / "rl" / f).read_text())
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from demo_learning import collect
 
-    data = collect(run_dir)
+    data = collect(run_dir, expected=[0, 1])
     assert data["partial"] and data["aggregate"]["seeds"] == [0]
+    assert not collect(run_dir, expected=[0])["partial"]
     assert [r["seed"] for r in data["runs"]["shuffled"]] == [0]
