@@ -68,7 +68,7 @@ class LearnerConfig(Section):
         "its slowest one and losing them all to staleness; the stragglers arrive late and are "
         "dropped (learner.assembly). Off: a group waits whole (or for group_timeout_s).")
     straggler_grace_s: float = Field(
-        30.0, ge=0, description="Before a step that publishes a version, wait up to this long "
+        60.0, ge=0, description="Before a step that publishes a version, wait up to this long "
         "while a running episode (broker.running) would be made stale by it (its oldest token more "
         "than admission.max_staleness versions behind the new version): it finishes and trains "
         "instead of being stopped or dropped. The learner reads on meanwhile; actors keep "
