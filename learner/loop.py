@@ -67,10 +67,8 @@ class Learner:
         self.admission = Admission(redis, keys, rt.admission)
         self.running = RunningEpisodes(redis, keys)
         # straggler grace (learner.straggler_grace_s): since when the next step is held for
-        # running episodes it would make stale; whether the last hold ended with them finished
-        # (one more read then takes their samples); the seconds the last step waited
+        # running episodes it would make stale; the seconds the last step waited
         self._hold_since: float | None = None
-        self._held_until_done = False
         self._waited_s = 0.0
         self._grace_ran_out = 0
         self.asm = Assembler(
@@ -110,11 +108,14 @@ class Learner:
             while not self._stop.is_set():
                 if self.lcfg.max_steps is not None and self.state.step >= self.lcfg.max_steps:
                     break
+                # asked before the read: an episode unlisted by then wrote its samples before,
+                # so this read has them (never a step that just misses a straggler's samples)
+                at_risk = await self._stragglers()
                 entries = await self.reader.read(self.rt.replay.read_count, self.rt.replay.block_ms)
                 if entries:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)
-                held = await self._hold_for_stragglers()
+                held = self._hold_for_stragglers(at_risk, full_read=len(entries) >= self.rt.replay.read_count)
                 batch = None if held else self.asm.take_batch(self.state.version)
                 await self._give_back()
                 if batch is not None:
@@ -147,37 +148,36 @@ class Learner:
             self.metrics.close()
         return self.state
 
-    async def _hold_for_stragglers(self) -> bool:
-        """True while the next step waits (learner.straggler_grace_s) for running episodes it
-        would make stale: a step that publishes version v + 1 leaves behind every episode whose
-        oldest token is older than v + 1 - max_staleness (the actors stop it, or the learner
-        drops its samples). The grace runs from when a batch is ready; the loop reads on
-        meanwhile. Once they are done, one more round reads their samples before the step."""
-        grace = self.lcfg.straggler_grace_s
-        publishes = (self.state.step + 1) % max(1, self.lcfg.update_every) == 0
-        if grace <= 0 or not publishes or not self.asm.batch_ready(self.state.version):
-            return False
-        if self._held_until_done:  # their samples were read in this round
-            self._held_until_done = False
-            return False
-        now = time.monotonic()
-        if self._hold_since is not None and now - self._hold_since >= grace:
-            return False  # grace spent: step anyway
-        due = self.state.version - self.rt.admission.max_staleness
+    async def _stragglers(self) -> tuple[int, int | None] | None:
+        """(running episodes the next step would make stale, the oldest running version), or
+        None when the next step cannot hold (no grace, it publishes no version, Redis away). A
+        step that publishes version v + 1 leaves behind every episode whose oldest token is
+        older than v + 1 - max_staleness: the actors stop it, or the learner drops its samples."""
+        if self.lcfg.straggler_grace_s <= 0 or (self.state.step + 1) % max(1, self.lcfg.update_every):
+            return None
         try:
-            at_risk, oldest = await self.running.at_risk(due)
+            return await self.running.at_risk(self.state.version - self.rt.admission.max_staleness)
         except Exception as e:  # Redis away: no grace rather than no steps
             log.warning("straggler_check_failed", error=str(e))
+            return None
+
+    def _hold_for_stragglers(self, at_risk: tuple[int, int | None] | None, full_read: bool) -> bool:
+        """True while the next step waits (learner.straggler_grace_s) for the running episodes
+        it would make stale (`at_risk`, asked before this round's read). The grace runs from
+        when a batch is ready; the loop reads on meanwhile. A read that filled its page may have
+        left a straggler's samples unread: one more round then."""
+        if at_risk is None or not self.asm.batch_ready(self.state.version):
             return False
-        if at_risk == 0:
-            if self._hold_since is not None:  # they finished: read their samples first
-                self._held_until_done = True
-                return True
-            return False
+        now = time.monotonic()
+        if self._hold_since is not None and now - self._hold_since >= self.lcfg.straggler_grace_s:
+            return False  # grace spent: step anyway
+        n, oldest = at_risk
+        if n == 0:
+            return self._hold_since is not None and full_read
         if self._hold_since is None:
             self._hold_since = now
-            log.info("step_held_for_stragglers", version=self.state.version, episodes=at_risk,
-                     oldest=oldest, grace_s=grace)
+            log.info("step_held_for_stragglers", version=self.state.version, episodes=n,
+                     oldest=oldest, grace_s=self.lcfg.straggler_grace_s)
         return True
 
     def _end_hold(self) -> None:
@@ -188,7 +188,7 @@ class Learner:
         self._waited_s = time.monotonic() - self._hold_since
         if self._waited_s >= self.lcfg.straggler_grace_s:
             self._grace_ran_out += 1
-        self._hold_since, self._held_until_done = None, False
+        self._hold_since = None
 
     async def _give_back(self) -> None:
         """Admission slots of the episodes just dropped untrained (learner.assembly). Not
