@@ -260,5 +260,5 @@ class Keys:
     # -- learner ------------------------------------------------------------------------
     @property
     def learner_state(self) -> str:
-        """Hash: step, version, consumed, held, last_ack_id, heartbeat, status."""
+        """Hash: step, version, consumed, held, last_ack_id, heartbeat, status, holding."""
         return f"{self.base}:learner"

@@ -105,6 +105,8 @@ def render(st: dict[str, Any]) -> Any:
     if st["learner"]:
         head.add_row("learner step", st["learner"].get("step", "-"), "learner version",
                      st["learner"].get("version", "-"))
+        if int(st["learner"].get("holding") or 0):
+            head.add_row("step held for", f"{st['learner']['holding']} running episodes (straggler grace)", "", "")
     t = st.get("tokens") or tokens(st.get("stats", {}))
     if t["generated"]:
         head.add_row("tokens generated", str(t["generated"]), "trained", str(t["trained"]))

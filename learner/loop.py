@@ -69,6 +69,7 @@ class Learner:
         # straggler grace (learner.straggler_grace_s): since when the next step is held for
         # running episodes it would make stale; the seconds the last step waited
         self._hold_since: float | None = None
+        self._holding = 0  # running episodes the held step waits for (learner_state `holding`)
         self._waited_s = 0.0
         self._grace_ran_out = 0
         self.asm = Assembler(
@@ -115,7 +116,10 @@ class Learner:
                 if entries:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)
+                was_holding = self._hold_since is not None
                 held = self._hold_for_stragglers(at_risk, full_read=len(entries) >= self.rt.replay.read_count)
+                if held and not was_holding:  # tell at once: samples read and held wait for a step
+                    await self._heartbeat(force=True)
                 batch = None if held else self.asm.take_batch(self.state.version)
                 await self._give_back()
                 if batch is not None:
@@ -174,6 +178,7 @@ class Learner:
         n, oldest = at_risk
         if n == 0:
             return self._hold_since is not None and full_read
+        self._holding = n
         if self._hold_since is None:
             self._hold_since = now
             log.info("step_held_for_stragglers", version=self.state.version, episodes=n,
@@ -188,7 +193,7 @@ class Learner:
         self._waited_s = time.monotonic() - self._hold_since
         if self._waited_s >= self.lcfg.straggler_grace_s:
             self._grace_ran_out += 1
-        self._hold_since = None
+        self._hold_since, self._holding = None, 0
 
     async def _give_back(self) -> None:
         """Admission slots of the episodes just dropped untrained (learner.assembly). Not
@@ -335,7 +340,8 @@ class Learner:
         await self.redis.hset(self.keys.learner_state, mapping={
             "step": self.state.step, "version": self.state.version,
             "consumed": len(self.asm.consumed), "held": self.asm.n_held,
-            "last_ack_id": self._last_ack, "heartbeat": now, "status": status})
+            "last_ack_id": self._last_ack, "heartbeat": now, "status": status,
+            "holding": self._holding if self._hold_since is not None else 0})
 
     def _step_metrics(self, batch: Batch, m: dict[str, float], rstats: dict[str, float]) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.state.version, **rstats,

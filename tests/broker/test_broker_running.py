@@ -50,8 +50,11 @@ async def test_status_shows_running_episodes_by_version(aredis, keys) -> None:
     for job, v in (("a", 9), ("b", 10), ("c", 10)):
         await running.add(job, v)
     await aredis.zadd(keys.running_seen, {"c": 0})  # c's actor died long ago: not shown
+    await aredis.hset(keys.learner_state, mapping={"step": 3, "version": 3, "holding": 1})
     st = await gather(aredis, keys, ReplayConfig(), AdmissionConfig())
     assert st["running_by_version"] == {9: 1, 10: 1}
     console = Console(record=True, width=200)
     console.print(render(json.loads(to_json(st))))  # as `swarl status --json` readers get it
-    assert re.search(r"episodes running +v9: 1, v10: 1", console.export_text())
+    text = console.export_text()
+    assert re.search(r"episodes running +v9: 1, v10: 1", text)
+    assert re.search(r"step held for +1 running episodes \(straggler grace\)", text)

@@ -228,6 +228,7 @@ async def test_a_step_waits_for_a_running_episode_it_would_make_stale(cfg, keys,
     task = asyncio.create_task(learner.run())
     await asyncio.sleep(2.0)
     assert learner.state.step == 0  # held: the batch is ready, the straggler runs
+    assert (await r.hget(keys.learner_state, "holding")) == b"1"  # told at once (swarl status, tests)
     await writer.add([make_sample("c", 1, version=0)])  # it finishes: samples, then unlisted
     await running.remove("straggler")
     state = await asyncio.wait_for(task, 60)

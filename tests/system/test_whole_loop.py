@@ -91,9 +91,12 @@ async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_facto
 
         async def settled() -> bool:
             # the learner has read every sample (each one consumed or held for a batch that
-            # will not fill) and every server reports the newest version
+            # will not fill; not holding a step for running episodes: learner.straggler_grace_s)
+            # and every server reports the newest version
             st = await r.hgetall(KEYS.learner_state)
             if int(st.get("consumed", 0)) + int(st.get("held", 0)) < len(watch.samples):
+                return False
+            if int(st.get("holding", 0)):
                 return False
             current = int(await r.get(KEYS.policy_current) or 0)
             return all(s.version == current and s.state == "ready"
