@@ -55,10 +55,10 @@ class Rollouts:
         instance = os.environ.get("SWARL_ACTOR_INSTANCE")
         self.actor_id = actor_id or f"{socket.gethostname()}:{instance or os.getpid()}"
         self.admission = Admission(redis, self.keys, rt.admission)
-        # this process's running episodes (job id -> version at pin), listed in Redis for the
-        # learner's straggler grace and refreshed by the version poll while they run
+        # this process's running episodes (job ids), listed in Redis with their version at pin
+        # for the learner's straggler grace and refreshed by the version poll while they run
         self.running_eps = RunningEpisodes(redis, self.keys)
-        self._listed: dict[str, int] = {}
+        self._listed: set[str] = set()
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
         self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
@@ -333,13 +333,13 @@ class Rollouts:
         """The episode runs from `version` on (broker.running): a learner with
         learner.straggler_grace_s holds a step that would make it stale. A Redis blip only costs
         that grace."""
-        self._listed[job_id] = version
+        self._listed.add(job_id)
         self._start_polling()
         with contextlib.suppress(Exception):
             await self.running_eps.add(job_id, version)
 
     async def _unlist_running(self, job_id: str) -> None:
-        self._listed.pop(job_id, None)
+        self._listed.discard(job_id)
         with contextlib.suppress(Exception):
             await self.running_eps.remove(job_id)
 

@@ -131,8 +131,7 @@ class Learner:
                     dropped = self.asm.take_decided()
                     if self.state.step > self._saved_step:
                         self._to_ack += dropped  # decided on state a kill would lose
-                    elif dropped:
-                        await self._count_tokens()
+                    elif dropped:  # their tokens were counted by _give_back above
                         await self.reader.ack(dropped)
                         await asyncio.to_thread(self._save_acked_tokens)
                     if held:  # a batch is ready: waiting for stragglers is not idleness
