@@ -45,6 +45,7 @@ from actors.evaluate import EvalTarget, evaluate
 from broker.evals import EvalBoard
 from broker.keys import EVAL_CLAIM_TTL_S, Keys
 from broker.registry import PolicyRegistry, ServerInfo, ServerRegistry
+from common.files import atomic_write_text
 from common.logs import get_logger
 from inference.client import SGLangClient
 
@@ -94,9 +95,7 @@ def drop_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
     kept = [r for r in rows if keep(r)]
     if len(kept) == len(rows):
         return 0
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)
 
 

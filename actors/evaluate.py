@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import ActorConfig
+from common.files import atomic_write_text
 from common.logs import get_logger
 
 log = get_logger("eval")
@@ -124,9 +124,7 @@ def write_predictions(out: Path, preds: list[list[dict[str, str]]]) -> list[str]
     names = []
     for k, sample in enumerate(preds):
         path = out / preds_name(k)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(sample, indent=1))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(sample, indent=1))
         names.append(path.name)
     return names
 

@@ -33,7 +33,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` whole: a kill leaves the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

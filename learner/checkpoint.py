@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from common.files import fsync_dir
+from common.files import atomic_write_text, fsync_dir
 
 
 class ModelStore(Protocol):
@@ -69,10 +69,7 @@ def save(run_dir: str | Path, model: ModelStore, state: LearnerState, keep: int 
         shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
-    ptr = root / ".latest.tmp"
-    ptr.write_text(final.name)
-    os.replace(ptr, root / "latest")
-    fsync_dir(root)
+    atomic_write_text(root / "latest", final.name)
     _prune(root, keep)
     return final
 

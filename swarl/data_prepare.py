@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.files import atomic_write_text
 from common.logs import get_logger
 from swe.adapters import adapters, family_of_source, get_adapter
 from swe.rows import RowError, SourceRow, jsonl_rows, source_row, validate_row
@@ -315,13 +316,7 @@ def _write_outputs(out: Path, split: str, kept: list[tuple[dict[str, Any], str]]
     else:
         (out / "errors.jsonl").unlink(missing_ok=True)  # not a previous run's
     for name, lines in files.items():
-        _write_atomic(out / name, "".join(line + "\n" for line in lines))
+        atomic_write_text(out / name, "".join(line + "\n" for line in lines))
         res.files[name] = str(out / name)
     res.files["prepare.json"] = str(out / "prepare.json")
-    _write_atomic(out / "prepare.json", json.dumps(res.as_dict(), indent=2, ensure_ascii=False) + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(out / "prepare.json", json.dumps(res.as_dict(), indent=2, ensure_ascii=False) + "\n")
