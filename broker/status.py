@@ -105,6 +105,11 @@ def render(st: dict[str, Any]) -> Any:
     if st["learner"]:
         head.add_row("learner step", st["learner"].get("step", "-"), "learner version",
                      st["learner"].get("version", "-"))
+        diag = [(k.removeprefix("diag/"), v) for k, v in st["learner"].items() if k.startswith("diag/")]
+        if diag:  # the last step's RL diagnostics (learner.diagnostics writes them)
+            head.add_row("learner diagnostics", ", ".join(f"{k} {_short(v)}" for k, v in diag), "", "")
+        if st["learner"].get("warning"):
+            head.add_row("learner warning", f"[bold red]{st['learner']['warning']}[/]", "", "")
         if int(st["learner"].get("holding") or 0):
             head.add_row("step held for", f"{st['learner']['holding']} running episodes (straggler grace)", "", "")
     t = st.get("tokens") or tokens(st.get("stats", {}))
@@ -163,6 +168,14 @@ def evals_table(ev: dict[str, Any]) -> list[Any]:
 
 def to_json(st: dict[str, Any]) -> str:
     return json.dumps(st, default=str)
+
+
+def _short(v: str) -> str:
+    """A number as 3 significant digits (the hash holds text)."""
+    try:
+        return f"{float(v):.3g}"
+    except ValueError:
+        return v
 
 
 def _number(v: bytes | str) -> int | float:

@@ -44,7 +44,16 @@ class LearnerConfig(Section):
     # -- batching -------------------------------------------------------------------------
     max_tokens_per_microbatch: int = Field(
         4096, description="Token budget of one packed micro-batch; gradients accumulate over "
-        "micro-batches, one optimizer step per training batch.")
+        "the micro-batches of one optimizer update.")
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer updates per pass over a training batch: the batch is "
+        "split into this many minibatches of whole groups (about equal in episodes), one optimizer "
+        "step each, as verl's ppo_mini_batch_size. With more than one update (minibatches or "
+        "epochs), the proximal logprobs come from a no-grad pass before the first update and the "
+        "clip acts against them. One policy version is published per batch whatever the count.")
+    epochs: int = Field(
+        1, ge=1, description="Passes over each training batch (each pass takes `minibatches` "
+        "optimizer updates).")
     packing: bool = Field(True, description="Pack variable-length samples into one row per "
                           "micro-batch (off: pad every sample to the longest in its micro-batch).")
     pad_to: Literal["microbatch", "batch"] = Field(
@@ -96,6 +105,15 @@ class LearnerConfig(Section):
     kl_coef: float = Field(0.0, description="KL(pi || pi_ref) penalty (k3 estimator); 0 = off and "
                            "no reference model is loaded.")
     entropy_coef: float = Field(0.0, description="Entropy bonus (entropy is always reported).")
+    mismatch_kl_bound: float = Field(
+        0.02, ge=0, description="Warn in the learner's log when the mismatch KL (the actors' "
+        "logprobs against the learner's on the same tokens, before the step's first update) stays "
+        "above this for `mismatch_kl_steps` steps in a row: a weight-sync, temperature or "
+        "tokenisation bug, not an RL effect. 0: never warn.")
+    mismatch_kl_steps: int = Field(3, ge=1, description="Consecutive steps above mismatch_kl_bound before the warning.")
+    update_kl: bool = Field(
+        True, description="Measure the KL the step's updates moved the policy (update_kl: a no-grad "
+        "pass after the last update against the proximal logprobs; one forward per step).")
     rollout_temperature: float = Field(
         1.0, description="Sampling temperature of the actors; the learner's logprobs are of "
         "softmax(logits / T), the distribution the server reports.")

@@ -21,12 +21,14 @@ import torch
 
 from common.settings import SettingsError
 from learner.config import LearnerConfig
-from learner.losses import token_weights
 from learner.packing import TrainItem, make_microbatches
+from learner.train import set_token_weights, split_minibatches
 
 
-def batch(step: int, vocab: int, n: int = 6, seed: int = 1234) -> list[TrainItem]:
-    """`n` samples of varied lengths with prompt (mask 0) and answer (mask 1) parts, rewards ±1."""
+def batch(step: int, vocab: int, n: int = 6, seed: int = 1234, minibatches: int = 1,
+          aggregation: str = "token") -> list[TrainItem]:
+    """`n` samples of varied lengths with prompt (mask 0) and answer (mask 1) parts, rewards ±1,
+    in groups of two split into `minibatches` (learner.train.split_minibatches)."""
     rng = np.random.default_rng(seed + step)
     items = []
     for i in range(n):
@@ -38,9 +40,10 @@ def batch(step: int, vocab: int, n: int = 6, seed: int = 1234) -> list[TrainItem
         behav = np.where(mask == 1, rng.uniform(-4.0, -0.5, size=length), 0.0).astype(np.float32)
         adv = 1.0 if i % 2 else -1.0
         items.append(TrainItem(f"s{step}-{i}", tokens, mask, behav, adv))
-    weights = token_weights([int(it.loss_mask[1:].sum()) for it in items], "token")
-    for it, w in zip(items, weights, strict=True):
-        it.tok_w = w
+    groups = split_minibatches([2] * ((n + 1) // 2), minibatches)
+    for i, it in enumerate(items):
+        it.minibatch = groups[i // 2]
+    set_token_weights(items, aggregation)
     return items
 
 
@@ -61,16 +64,18 @@ def run(cfg: LearnerConfig, model_dir: str, steps: int) -> dict[str, Any] | None
 def _steps(cfg: LearnerConfig, model_dir: str, steps: int) -> dict[str, Any]:
     from learner.backends import make_backend
     from learner.train import train_step
-    from learner.trainer import shard_items
+    from learner.trainer import shard_step
 
     backend = make_backend(cfg, model_dir)
     from transformers import AutoConfig
 
     vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
     probe = make_microbatches(batch(-1, vocab, n=3), 1 << 16)
+    mbs = cfg.minibatches
     out: dict[str, Any] = {"logprobs": [], "stats": [], "dp_size": backend.dp_size}
     for step in range(1, steps + 1):
-        shard = shard_items(batch(step, vocab), backend.dp_size)[backend.dp_rank]
+        shard = shard_step(batch(step, vocab, minibatches=mbs, aggregation=cfg.aggregation),
+                           backend.dp_size)[backend.dp_rank]
         out["stats"].append(train_step(backend, shard, cfg))
         with torch.no_grad():
             out["logprobs"].append(torch.cat([backend.logprobs(mb, grad=False, with_entropy=False)[0]

@@ -41,6 +41,7 @@ from common.logs import get_logger
 from learner import checkpoint
 from learner.assembly import Assembler, Batch
 from learner.checkpoint import LearnerState
+from learner.diagnostics import STATE_PREFIX, MismatchWatch, diagnostics
 from learner.metrics_log import MetricsLog, TrainedIds, truncate_after
 from learner.runtime import LearnerRuntime
 from learner.train import batch_items
@@ -89,6 +90,9 @@ class Learner:
         self._saved_step = self.state.step  # the step the newest checkpoint records
         self._stop = asyncio.Event()
         self._last_beat = 0.0
+        self._diag: dict[str, float] = {}  # the last step's diagnostics (learner.diagnostics)
+        self._warning = ""  # what the last step's diagnostics warn of, for `swarl status`
+        self._mismatch = MismatchWatch(self.lcfg.mismatch_kl_bound, self.lcfg.mismatch_kl_steps)
 
     def stop(self) -> None:
         self._stop.set()
@@ -283,6 +287,15 @@ class Learner:
         log.info("step", step=st.step, version=st.version, loss=round(m["loss"], 5),
                  reward=round(rstats["reward_mean"], 4), samples=len(items),
                  tokens_per_s=round(m["tokens_per_s"], 1))
+        self._diag = diagnostics({**m, **rstats})
+        self._warning = ""
+        if self._mismatch.over(m.get("mismatch_kl")):
+            self._warning = (f"mismatch KL {m['mismatch_kl']:.3g} > {self.lcfg.mismatch_kl_bound:g} for "
+                             f"{self._mismatch.run} steps: weight sync, temperature or tokenisation?")
+            log.warning("mismatch_kl_high", step=st.step, mismatch_kl=round(m["mismatch_kl"], 5),
+                        bound=self.lcfg.mismatch_kl_bound, steps=self._mismatch.run,
+                        hint="the actors' logprobs differ from the learner's on the same tokens: "
+                             "a weight-sync, sampling-temperature or tokenisation bug")
 
     async def _checkpoint(self) -> None:
         st = self.state
@@ -340,7 +353,9 @@ class Learner:
             "step": self.state.step, "version": self.state.version,
             "consumed": len(self.asm.consumed), "held": self.asm.n_held,
             "last_ack_id": self._last_ack, "heartbeat": now, "status": status,
-            "holding": self._holding if self._hold_since is not None else 0})
+            "holding": self._holding if self._hold_since is not None else 0,
+            "warning": self._warning,
+            **{f"{STATE_PREFIX}{k}": round(v, 6) for k, v in self._diag.items()}})
 
     def _step_metrics(self, batch: Batch, m: dict[str, float], rstats: dict[str, float]) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.state.version, **rstats,

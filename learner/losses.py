@@ -66,7 +66,9 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
             "imp_weight_mean": float((weight * w).sum()),
             "imp_weight_max": float(weight[m].max()) if m.any() else 0.0,
             "imp_weight_zeroed_frac": float(((weight == 0).float() * w).sum()),
-            "behav_kl": float(((x.prox_logp - x.behav_logp) * w).sum()),
+            # trainer/inference mismatch on the sampled tokens, k3 and k1 of KL(behaviour || prox)
+            "mismatch_kl": float((kl_k3(x.behav_logp, x.prox_logp) * w).sum()),
+            "mismatch_k1": float(((x.behav_logp - x.prox_logp) * w).sum()),
             "weight_sum": float(w.sum()),
         }
         if kl is not None:

@@ -13,6 +13,7 @@ logits at i - 1; slot arrays are concatenated sample after sample.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,9 @@ class TrainItem:
     loss_mask: np.ndarray      # uint8 [L]
     behav_logp: np.ndarray     # float32 [L] (0 where mask is 0)
     adv: float
-    tok_w: float = 0.0         # aggregation weight per loss token (losses.token_weights)
+    tok_w: float = 0.0         # aggregation weight per loss token (losses.token_weights), per minibatch
+    minibatch: int = 0         # which optimizer update of a pass trains it (learner.minibatches)
+    prox_logp: np.ndarray | None = None  # float32 [L]: the policy before the step's first update
 
 
 @dataclass
@@ -43,6 +46,7 @@ class MicroBatch:
     adv: torch.Tensor                # [N] float
     tok_w: torch.Tensor              # [N] float
     slot_sample: torch.Tensor        # [N] index into `items`
+    prox_logp: torch.Tensor | None   # [N] float: every item's prox_logp, else None
     items: list[TrainItem] = field(default_factory=list)
     packed: bool = True
     cu_seqlens: torch.Tensor | None = None  # packed: [n+1] int32 sample boundaries in the row
@@ -115,8 +119,9 @@ def make_microbatches(items: list[TrainItem], max_tokens: int, packed: bool = Tr
     return [_padded([items[i] for i in g]) for g in padded_groups(lengths, max_tokens)]
 
 
-def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-    rows, cols, tgt, mask, behav, adv, w, idx = [], [], [], [], [], [], [], []
+def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, Any]:
+    rows, cols, tgt, mask, behav, adv, w, idx, prox = [], [], [], [], [], [], [], [], []
+    has_prox = bool(items) and all(it.prox_logp is not None for it in items)
     for k, (it, (r, off)) in enumerate(zip(items, starts, strict=True)):
         n = len(it.tokens) - 1
         if n <= 0:
@@ -129,6 +134,9 @@ def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, t
         adv.append(np.full(n, it.adv, dtype=np.float32))
         w.append(np.full(n, it.tok_w, dtype=np.float32))
         idx.append(np.full(n, k))
+        if has_prox:
+            assert it.prox_logp is not None
+            prox.append(it.prox_logp[1:])
 
     def cat(xs: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
         if not xs:
@@ -139,7 +147,8 @@ def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, t
     return {"rows": cat(rows, torch.long), "cols": cat(cols, torch.long),
             "targets": cat(tgt, torch.long), "loss_mask": cat(mask, torch.float32),
             "behav_logp": cat(behav, torch.float32), "adv": cat(adv, torch.float32),
-            "tok_w": cat(w, torch.float32), "slot_sample": cat(idx, torch.long)}
+            "tok_w": cat(w, torch.float32), "slot_sample": cat(idx, torch.long),
+            "prox_logp": cat(prox, torch.float32) if has_prox else None}
 
 
 def _packed(items: list[TrainItem]) -> MicroBatch:

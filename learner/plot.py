@@ -1,5 +1,6 @@
 """`swarl plot RUN_DIR`: PNG curves from <run_dir>/metrics.jsonl (the learner's rows and the
-eval worker's: eval/resolve_rate at the step that published each evaluated version)."""
+eval worker's: eval/resolve_rate at the step that published each evaluated version), one file
+per panel that has data."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ PANELS: list[tuple[str, list[str]]] = [
     ("staleness", ["staleness/mean", "staleness/max", "dropped/stale"]),
     ("throughput", ["tokens_per_s"]),
     ("loss", ["loss", "pg_loss"]),
-    ("policy", ["clip_frac", "imp_weight_mean", "entropy", "grad_norm"]),
+    # what says whether RL is working (learner.diagnostics), one scale per panel
+    ("signal", ["zero_spread_groups_frac", "adv_abs_mean"]),
+    ("entropy", ["entropy"]),
+    ("grad_norm", ["grad_norm", "grad_norm_max"]),
+    ("clip", ["clip_frac", "imp_weight_zeroed_frac"]),
+    ("kl", ["mismatch_kl", "update_kl"]),
 ]
 
 
@@ -32,6 +38,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, keys in PANELS:
+        if not any(isinstance(r.get(k), int | float) for r in rows for k in keys):
+            continue  # no panel without data (no evaluation ran, an older run's metrics)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         drew = False
         for k in keys:
@@ -49,8 +57,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
         ax.set_title(name)
         if drew:
             ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         fig.tight_layout()
         p = out_dir / f"{name}.png"
         fig.savefig(p, dpi=80)

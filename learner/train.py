@@ -1,4 +1,13 @@
-"""One optimizer step on a batch of groups: advantages, packing, loss, accumulation, step."""
+"""One training step on a batch of groups: advantages, minibatches, the proximal pass, the
+optimizer updates, and the diagnostics people read to judge whether RL is working.
+
+A step is `learner.epochs` passes over the batch, each pass `learner.minibatches` optimizer
+updates (minibatches of whole groups); gradients accumulate over a minibatch's packed
+micro-batches. With one update the proximal policy (the parameters before the step) is the
+policy of that update's own forward, so its logprobs are that forward's, detached; with more,
+a no-grad pass before the first update computes them, and the clip acts against them from the
+second update on. One policy version is published per step (learner.loop).
+"""
 
 from __future__ import annotations
 
@@ -12,78 +21,182 @@ from learner.advantages import grpo_steps, shuffle_episode_rewards
 from learner.assembly import Batch
 from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
-from learner.losses import LossInputs, policy_loss, token_weights
+from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
 from learner.packing import MicroBatch, TrainItem, make_microbatches
+
+# statistics of a step that are means over its optimizer updates: each update's per-token
+# statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
+PER_UPDATE = ("loss", "pg_loss", "clip_frac", "ratio_mean", "imp_weight_mean", "imp_weight_zeroed_frac",
+              "kl_ref", "entropy", "mismatch_kl", "mismatch_k1")
+
+
+def split_minibatches(group_sizes: list[int], n: int) -> list[int]:
+    """The minibatch of each group: `n` minibatches (fewer when there are fewer groups) about
+    equal in episodes, largest group first to the lightest minibatch (ties: the lowest index)."""
+    k = max(1, min(n, len(group_sizes)))
+    load = [0] * k
+    out = [0] * len(group_sizes)
+    for g in sorted(range(len(group_sizes)), key=lambda i: (-group_sizes[i], i)):
+        m = min(range(k), key=lambda j: (load[j], j))
+        out[g] = m
+        load[m] += group_sizes[g]
+    return out
+
+
+def set_token_weights(items: list[TrainItem], aggregation: str) -> None:
+    """Each item's loss weight per token, normalised within its minibatch (one optimizer update
+    is a mean over its minibatch; with one minibatch, over the whole batch)."""
+    by_mb: dict[int, list[TrainItem]] = defaultdict(list)
+    for it in items:
+        by_mb[it.minibatch].append(it)
+    for part in by_mb.values():
+        weights = token_weights([int(it.loss_mask[1:].sum()) for it in part], aggregation)
+        for it, w in zip(part, weights, strict=True):
+            it.tok_w = w
 
 
 def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict[str, float]]:
-    """TrainItems (one per sample, sharing the episode's advantage) and reward/advantage stats."""
+    """TrainItems (one per sample, sharing the episode's advantage, each in its group's
+    minibatch) and the batch's reward/advantage statistics."""
     items: list[TrainItem] = []
     rewards: list[float] = []
     advs: list[float] = []
     resolved: list[float] = []
+    zero_spread = 0
     # each sample's own reward: equal within an episode, unless the actors gave steps theirs
     batch_rewards = [[[s.reward for s in ep.samples] for ep in g.episodes] for g in batch.groups]
     if cfg.reward_shuffle:  # the control: rewards permuted across the batch
         batch_rewards = shuffle_episode_rewards(
             batch_rewards, ",".join(ep.first.sample_id for g in batch.groups for ep in g.episodes))
-    for g, step_rewards in zip(batch.groups, batch_rewards, strict=True):
+    groups_mb = split_minibatches([len(g.episodes) for g in batch.groups], cfg.minibatches)
+    for g, step_rewards, mb in zip(batch.groups, batch_rewards, groups_mb, strict=True):
         step_adv = grpo_steps(step_rewards, cfg.advantage_std_norm)
-        rewards += [float(np.mean(r)) for r in step_rewards]
+        ep_rewards = [float(np.mean(r)) for r in step_rewards]
+        rewards += ep_rewards
+        # a group whose episodes all scored the same has no advantage: no signal (DAPO drops them)
+        zero_spread += int(max(ep_rewards, default=0.0) - min(ep_rewards, default=0.0) < 1e-9)
         for ep, ep_adv in zip(g.episodes, step_adv, strict=True):
             m = ep.first.metrics
             resolved.append(float(m.get("resolved", m.get("agent/resolved", ep.first.reward > 0))))
             advs.append(float(np.mean(ep_adv)))
             for s, a in zip(ep.samples, ep_adv, strict=True):
-                items.append(TrainItem(s.sample_id, s.tokens, s.loss_mask, s.rollout_logprobs, a))
-    weights = token_weights([int(it.loss_mask[1:].sum()) for it in items], cfg.aggregation)
-    for it, w in zip(items, weights, strict=True):
-        it.tok_w = w
+                items.append(TrainItem(s.sample_id, s.tokens, s.loss_mask, s.rollout_logprobs, a,
+                                       minibatch=mb))
+    set_token_weights(items, cfg.aggregation)
     adv = np.asarray(advs or [0.0])
     stats = {"reward_mean": float(np.mean(rewards or [0.0])), "resolve_rate": float(np.mean(resolved or [0.0])),
              "adv_mean": float(adv.mean()), "adv_std": float(adv.std()), "adv_min": float(adv.min()),
-             "adv_max": float(adv.max()), "adv_abs_mean": float(np.abs(adv).mean())}
+             "adv_max": float(adv.max()), "adv_abs_mean": float(np.abs(adv).mean()),
+             "zero_spread_groups_frac": zero_spread / len(batch.groups) if batch.groups else 0.0}
     return items, stats
 
 
-def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig) -> dict[str, float]:
-    """Gradient accumulation over this rank's packed micro-batches, then one optimizer step.
+def by_minibatch(items: list[TrainItem]) -> list[list[TrainItem]]:
+    """This rank's items per minibatch, in minibatch order (every rank holds every minibatch:
+    learner.trainer.shard_items gives an idle sample where a shard would be empty)."""
+    parts: dict[int, list[TrainItem]] = defaultdict(list)
+    for it in items:
+        parts[it.minibatch].append(it)
+    return [parts[k] for k in sorted(parts)]
 
-    There is exactly one optimizer step per batch, so the proximal policy (the parameters
-    before this step) is the policy of every forward here: its logprobs are the detached
-    forward logprobs, which saves a second forward pass. Under several data-parallel ranks
-    `items` is this rank's shard (the loss weights are the whole batch's), and the backend sums
-    the gradients over ranks.
-    """
+
+def _microbatches(items: list[TrainItem], cfg: LearnerConfig) -> list[MicroBatch]:
+    return [mb for mb in make_microbatches(items, cfg.max_tokens_per_microbatch, cfg.packing, cfg.pad_to)
+            if mb.targets.numel() > 0]
+
+
+def proximal_pass(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig) -> None:
+    """Each item's prox_logp: the policy before the step's first update (no grad)."""
+    for mb in _microbatches(items, cfg):
+        with torch.no_grad():
+            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu().numpy()
+        off = 0
+        for it in mb.items:  # slot i of a sample predicts its token i + 1
+            n = len(it.tokens) - 1
+            if n > 0:
+                it.prox_logp = np.concatenate([[0.0], lp[off:off + n]]).astype(np.float32)
+                off += n
+
+
+def update_kl(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig, n_minibatches: int) -> float:
+    """How far the step's updates moved the policy on the batch's sampled tokens: k3 of
+    KL(prox || new) after the last update, weighted as the loss is (this rank's share)."""
+    total = 0.0
+    for mb in _microbatches(items, cfg):
+        assert mb.prox_logp is not None
+        with torch.no_grad():
+            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
+        total += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum()) / n_minibatches
+    return total
+
+
+def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig,
+               per_update: list[dict[str, float]] | None = None) -> dict[str, float]:
+    """This rank's share of one step: `epochs` x (its minibatches) optimizer updates. Under
+    several data-parallel ranks `items` is this rank's shard (the loss weights are the whole
+    minibatch's) and the backend sums the gradients over ranks; the statistics are this rank's
+    sums, merged over ranks by learner.trainer and averaged over updates by `finish_stats`.
+    `per_update`, when given, receives each update's statistics (tests)."""
     t0 = time.perf_counter()
-    mbs = [mb for mb in make_microbatches(items, cfg.max_tokens_per_microbatch, cfg.packing, cfg.pad_to)
-           if mb.targets.numel() > 0]
-    if not mbs:
+    parts = by_minibatch(items)
+    updates = len(parts) * cfg.epochs
+    single = updates == 1
+    if not single or cfg.update_kl:  # the proximal policy's logprobs, before any update moves it
+        proximal_pass(backend, items, cfg)
+    mbs_of = [_microbatches(p, cfg) for p in parts]
+    if not any(mbs_of):
         raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
 
     def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        dev = logp.device
+        if single:  # one update: the proximal policy is this very forward's (no second pass)
+            prox = logp.detach()
+        else:
+            assert mb.prox_logp is not None
+            prox = mb.prox_logp.to(dev)
         if ent is not None and not cfg.entropy_coef:
             ent = ent.detach()
         ref = backend.ref_logprobs(mb) if cfg.kl_coef else None
-        dev = logp.device
         return policy_loss(LossInputs(
-            logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp.to(dev), adv=mb.adv.to(dev),
+            logp=logp, prox_logp=prox, behav_logp=mb.behav_logp.to(dev), adv=mb.adv.to(dev),
             mask=mb.loss_mask.to(dev), tok_w=mb.tok_w.to(dev), entropy=ent,
             ref_logp=None if ref is None else ref.to(dev)), cfg)
 
     sums: dict[str, float] = defaultdict(float)
     w_max = 0.0
-    for st in backend.train_microbatches(mbs, loss_fn):
-        w_max = max(w_max, st.pop("imp_weight_max"))
-        for k, v in st.items():
-            sums[k] += v
-    for mb in mbs:
-        sums["tokens"] += mb.n_tokens
-        sums["positions"] += mb.n_positions
-        sums["loss_tokens"] += float(mb.loss_mask.sum())
-    out = backend.step()
+    grad_norms: list[float] = []
+    lr = 0.0
+    for _ in range(cfg.epochs):
+        for mbs in mbs_of:
+            upd: dict[str, float] = defaultdict(float)
+            for st in backend.train_microbatches(mbs, loss_fn):
+                w_max = max(w_max, st.pop("imp_weight_max"))
+                st.pop("weight_sum", None)
+                for k, v in st.items():
+                    upd[k] += v
+            out = backend.step()
+            grad_norms.append(out["grad_norm"])
+            lr = out["lr"]
+            for k, v in upd.items():
+                sums[k] += v
+            if per_update is not None:
+                per_update.append({**upd, **out})
+    if cfg.update_kl:
+        sums["update_kl"] = update_kl(backend, items, cfg, len(parts))
+    for mbs in mbs_of:
+        for mb in mbs:
+            sums["tokens"] += mb.n_tokens
+            sums["positions"] += mb.n_positions
+            sums["loss_tokens"] += float(mb.loss_mask.sum())
     dt = time.perf_counter() - t0
-    sums.pop("weight_sum", None)
-    return {**sums, **out, "imp_weight_max": w_max, "microbatches": len(mbs), "step_time_s": dt,
-            "tokens_per_s": sums["tokens"] / dt if dt > 0 else 0.0, "samples": len(items)}
+    return {**sums, "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(max(grad_norms)),
+            "lr": lr, "imp_weight_max": w_max, "updates": float(updates),
+            "microbatches": float(sum(len(m) for m in mbs_of) * cfg.epochs), "step_time_s": dt,
+            "tokens_per_s": sums["tokens"] / dt if dt > 0 else 0.0, "samples": float(len(items))}
+
+
+def finish_stats(m: dict[str, float]) -> dict[str, float]:
+    """Per-update sums (over every rank) as means over the step's updates."""
+    n = max(1.0, m.get("updates", 1.0))
+    return {k: (v / n if k in PER_UPDATE else v) for k, v in m.items()}

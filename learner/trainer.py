@@ -27,14 +27,14 @@ from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
 from learner.packing import TrainItem
 from learner.ranks import LOAD, SAVE, STOP, TICK, TRAIN, WEIGHTS, Channel, Ranks
-from learner.train import train_step
+from learner.train import by_minibatch, finish_stats, train_step
 
 log = get_logger("learner.trainer")
 
 Weights = Iterator[tuple[str, torch.Tensor]]
 # statistics that are not sums over the step's samples
 _MAX = ("imp_weight_max", "step_time_s")
-_SAME = ("grad_norm", "lr", "skipped")
+_SAME = ("grad_norm", "grad_norm_max", "lr", "skipped", "updates")
 
 
 class RankWorker:
@@ -89,17 +89,18 @@ class Trainer:
         return [r.result for r in replies]
 
     def train(self, items: list[TrainItem]) -> dict[str, float]:
-        """One optimizer step on `items` (all ranks); the merged statistics."""
+        """One training step on `items` (all ranks: learner.train.train_step's optimizer
+        updates); the merged statistics."""
         t0 = time.perf_counter()
         if self.channel is None:
-            return self._run(TRAIN, [items])[0]
-        shards = shard_items(items, self.dp_size)
+            return finish_stats(self._run(TRAIN, [items])[0])
+        shards = shard_step(items, self.dp_size)
         results = self._run(TRAIN, [shards[dp] for dp in self.dp_of_rank])
         # one answer per data-parallel index: tensor/pipeline peers report the same samples
         first: dict[int, dict[str, float]] = {}
         for dp, res in zip(self.dp_of_rank, results, strict=True):
             first.setdefault(dp, res)
-        return merge_stats(list(first.values()), time.perf_counter() - t0)
+        return finish_stats(merge_stats(list(first.values()), time.perf_counter() - t0))
 
     def _everyone(self, x: Any) -> list[Any]:
         return [x] * self.ranks.world
@@ -160,6 +161,16 @@ def follow(worker: RankWorker, ranks: Ranks) -> None:
         channel.answer(worker.handle(cmd, payload))
 
 
+def shard_step(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
+    """A step's `n` data-parallel shards: each minibatch sharded on its own (shard_items), so
+    every rank takes part in every optimizer update."""
+    shards: list[list[TrainItem]] = [[] for _ in range(n)]
+    for part in by_minibatch(items):
+        for dp, shard in enumerate(shard_items(part, n)):
+            shards[dp] += shard
+    return shards
+
+
 def shard_items(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
     """`n` shards with about the same number of tokens (longest first, each to the lightest
     shard). A shard that would be empty gets a copy of a sample that trains nothing (zero
@@ -174,7 +185,7 @@ def shard_items(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
         if not s and items:
             it = items[0]
             s.append(TrainItem(f"{it.sample_id}#idle", it.tokens, it.loss_mask * 0, it.behav_logp,
-                               0.0, 0.0))
+                               0.0, 0.0, minibatch=it.minibatch))
     return shards
 
 

@@ -44,6 +44,7 @@ import yaml
 from common.logs import get_logger
 from common.procs import ProcessGroup, Restart, swarl_exe, wait_http
 from common.services import RedisProcess, ensure_docker, free_port, start_redis, wait_port
+from learner.diagnostics import describe
 from swarl.config import (
     CONFIG_DIR,
     REPO_ROOT,
@@ -430,6 +431,10 @@ class Demo:
             t.add_row("learner step / policy version", f"{len(rows)} / {st['policy']['current']}")
             t.add_row("resolve rate (last 5 steps)", f"{rr:.3f}")
             t.add_row("reward mean (last step)", f"{last.get('reward_mean', 0.0):+.3f}")
+            if last:  # what says whether RL is working (learner.diagnostics)
+                t.add_row("RL diagnostics (last step)", describe(last))
+            if st["learner"].get("warning"):
+                t.add_row("learner warning", f"[bold red]{st['learner']['warning']}[/]")
             t.add_row("samples trained", str(sum(int(x.get("samples", 0)) for x in rows)))
             t.add_row("queue depth / running", f"{st['queue']['depth']} / {st['queue']['running']}")
             t.add_row("replay stream / pending", f"{st['stream']['length']} / {st['stream']['group'].get('pending', 0)}")

@@ -6,7 +6,7 @@ multi-rank tests in test_megatron_ranks.py run it in real processes).
         [--bucket-size N] [--probe-model DIR]
 
 Every rank builds the backend after the default process group is up (learner.ranks, as the
-learner does), trains its data-parallel shard of each step's samples (learner.trainer.shard_items,
+learner does), trains its data-parallel shard of each step's samples (learner.trainer.shard_step,
 learner.train.train_step: a varying number of micro-batches per step and per rank), and after
 each step computes per-token logprobs of a fixed probe batch. Rank 0 writes FILE (torch.save):
 logprobs per step, the published weights before and after training, each step's statistics and
@@ -28,14 +28,15 @@ sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 from learner_helpers import make_sample  # noqa: E402
 
 from learner.config import LearnerConfig  # noqa: E402
-from learner.losses import token_weights  # noqa: E402
 from learner.packing import MicroBatch, TrainItem, make_microbatches  # noqa: E402
+from learner.train import set_token_weights, split_minibatches  # noqa: E402
 
 STEP_SIZES = (3, 6, 4)  # samples per step: micro-batch counts differ per step and per rank
 
 
-def items(step: int, n: int) -> list[TrainItem]:
-    """`n` fixed samples (learner_helpers.make_sample) of lengths 20..90, rewards ±1."""
+def items(step: int, n: int, minibatches: int = 1) -> list[TrainItem]:
+    """`n` fixed samples (learner_helpers.make_sample) of lengths 20..90, rewards ±1, in groups
+    of two split into `minibatches` (learner.train.split_minibatches)."""
     out = []
     for i in range(n):
         length = 20 + (37 * (step * 7 + i)) % 71
@@ -43,9 +44,10 @@ def items(step: int, n: int) -> list[TrainItem]:
                         prompt_len=4 + i % 5, seed=1000 * (step + 1) + i, logprob=-5.0)
         out.append(TrainItem(s.sample_id, s.tokens, s.loss_mask, s.rollout_logprobs,
                              0.8 if i % 2 else -0.6))
-    weights = token_weights([int(it.loss_mask[1:].sum()) for it in out], "token")
-    for it, w in zip(out, weights, strict=True):
-        it.tok_w = w
+    groups = split_minibatches([2] * ((n + 1) // 2), minibatches)
+    for i, it in enumerate(out):
+        it.minibatch = groups[i // 2]
+    set_token_weights(out, "token")
     return out
 
 
@@ -85,7 +87,7 @@ def main() -> None:
     from learner.backends.megatron_backend import MegatronBackend
     from learner.ranks import init_ranks, shutdown
     from learner.train import train_step
-    from learner.trainer import shard_items
+    from learner.trainer import shard_step
 
     fields: dict[str, Any] = {"backend": "megatron", "lr": 1e-3, "max_tokens_per_microbatch": 100}
     for s in args.sets:
@@ -101,7 +103,7 @@ def main() -> None:
             be.load(Path(args.resume))
         out["params_start"] = be.hf_state()
         for step in range(args.first_step, args.steps + 1):
-            shard = shard_items(items(step, STEP_SIZES[step - 1]), be.dp_size)[be.dp_rank]
+            shard = shard_step(items(step, STEP_SIZES[step - 1], cfg.minibatches), be.dp_size)[be.dp_rank]
             st = train_step(be, shard, cfg)
             counts: list[Any] = [None] * ranks.world
             dist.all_gather_object(counts, (be.dp_rank, int(st["microbatches"])))

@@ -59,13 +59,22 @@ async def test_synchronous_rounds_publish_ack_and_log(cfg, keys, small_model_dir
     assert [row["step"] for row in rows] == [1, 2, 3]
     for k in ("loss", "reward_mean", "resolve_rate", "adv_std", "clip_frac", "imp_weight_mean",
               "entropy", "grad_norm", "tokens_per_s", "staleness/age_0", "dropped/total",
-              "agent/turns_mean", "agent/turns_max", "agent/tool_calls_mean"):
+              "agent/turns_mean", "agent/turns_max", "agent/tool_calls_mean",
+              # the diagnostics people read to judge RL (learner.diagnostics)
+              "zero_spread_groups_frac", "mismatch_kl", "update_kl", "adv_abs_mean", "updates"):
         assert k in rows[-1], k
     assert rows[-1]["agent/turns_mean"] == 3.5 and rows[-1]["agent/turns_max"] == 4.0 and rows[-1]["reward_mean"] == 0.5
     st = await r.hgetall(keys.learner_state)
     assert st[b"step"] == b"3" and st[b"version"] == b"3" and st[b"status"] == b"stopped"
+    # the last step's diagnostics for `swarl status`; rewards 0, 1 in each group: all spread
+    assert float(st[b"diag/zero_spread_groups_frac"]) == 0.0 and float(st[b"diag/entropy"]) > 0
+    # the samples' logprobs (-2 on every token) are not the model's: after 3 such steps the
+    # learner warns of a trainer/inference mismatch
+    assert all(row["mismatch_kl"] > cfg.learner.mismatch_kl_bound for row in rows)
+    assert st[b"warning"].startswith(b"mismatch KL "), st[b"warning"]
     assert {p.name for p in plot_run(tmp_path / "run")} >= {"reward.png", "staleness.png",
-                                                          "throughput.png", "resolve_rate.png"}
+                                                          "throughput.png", "resolve_rate.png",
+                                                          "signal.png", "kl.png", "entropy.png"}
     assert (tmp_path / "run" / "tb").is_dir()
     await r.aclose()
 

@@ -39,9 +39,14 @@ def _equivalence(model_dir: Path, out: Path, nproc: int, *sets: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def test_torch_data_parallel_two_ranks_equals_one(small_model_dir, tmp_path) -> None:
-    one = _equivalence(small_model_dir, tmp_path / "one.pt", 1)
-    two = _equivalence(small_model_dir, tmp_path / "two.pt", 2)
+@pytest.mark.parametrize("sets", [(), ("learner.minibatches=2", "learner.epochs=2")], ids=["one_update", "four_updates"])
+def test_torch_data_parallel_two_ranks_equals_one(small_model_dir, tmp_path, sets: tuple[str, ...]) -> None:
+    """Also with several optimizer updates a step: each minibatch is sharded on its own, every
+    rank takes part in every update, the proximal pass runs on every rank."""
+    one = _equivalence(small_model_dir, tmp_path / "one.pt", 1, *sets)
+    two = _equivalence(small_model_dir, tmp_path / "two.pt", 2, *sets)
+    if sets:
+        assert all(st["updates"] == 4 for st in one["stats"] + two["stats"])
     assert (one["dp_size"], two["dp_size"]) == (1, 2)
     for a, b in zip(one["logprobs"], two["logprobs"], strict=True):
         assert float((a - b).abs().max()) <= 1e-4

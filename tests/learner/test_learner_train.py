@@ -120,3 +120,106 @@ def test_checkpoints_pruned_and_tmp_ignored(small_model_dir, tmp_path) -> None:
     (root / ".tmp_step_00000004_1").mkdir()  # what a kill -9 mid-save leaves
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000002", "step_00000003"]
     assert checkpoint.latest(tmp_path).name == "step_00000003"
+
+
+# -- several optimizer updates per batch (learner.minibatches, learner.epochs) -----------------
+
+
+def many_groups_batch(model_dir, n_groups: int = 4, per_group: int = 2):
+    """`n_groups` groups of `per_group` on-policy episodes with rewards 1, 0, 1, ... in each."""
+    samples = [make_sample(f"g{g}", i, reward=float(i % 2 == 0), length=14 + 3 * g + i, seed=100 * g + i)
+               for g in range(n_groups) for i in range(per_group)]
+    true_logprobs(model_dir, samples)
+    asm = Assembler(n_per_group=per_group, batch_size=len(samples), max_staleness=0, group_timeout_s=60)
+    asm.add([Entry(f"1-{i}", s) for i, s in enumerate(samples)])
+    batch = asm.take_batch(version=0)
+    assert batch is not None and len(batch.groups) == n_groups
+    return batch
+
+
+def _params(backend: TorchBackend) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in backend.named_tensors()}
+
+
+@pytest.mark.parametrize("update_kl", [True, False])
+def test_one_update_is_todays_step(small_model_dir, update_kl: bool) -> None:
+    """minibatches 1 / epochs 1: the loss and the update of the single optimizer step as it was
+    written before several updates existed (the proximal policy = the forward's own logprobs,
+    detached), to 1e-6, whether or not the proximal and update-KL passes run beside it."""
+    from learner.backends.base import clip_and_step
+    from learner.losses import LossInputs, policy_loss
+
+    cfg = LearnerConfig(lr=1e-3, update_kl=update_kl)
+    batch = many_groups_batch(small_model_dir)
+    ref = TorchBackend(cfg, small_model_dir)
+    items, _ = batch_items(batch, cfg)
+    loss_ref = 0.0
+    for mb in make_microbatches(items, cfg.max_tokens_per_microbatch):
+        logp, ent = ref.logprobs(mb, grad=True, with_entropy=True)
+        loss, _ = policy_loss(LossInputs(logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp,
+                                         adv=mb.adv, mask=mb.loss_mask, tok_w=mb.tok_w,
+                                         entropy=ent.detach()), cfg)
+        loss.backward()
+        loss_ref += float(loss)
+    clip_and_step(ref.model, ref.opt, ref.sched, cfg.grad_clip)
+
+    new = TorchBackend(cfg, small_model_dir)
+    items, _ = batch_items(batch, cfg)
+    m = train_step(new, items, cfg)
+    assert m["updates"] == 1
+    assert m["loss"] == pytest.approx(loss_ref, abs=1e-6)
+    a, b = _params(ref), _params(new)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    assert ("update_kl" in m) == update_kl
+    if update_kl:  # the update moved the policy
+        assert m["update_kl"] > 0
+
+
+def test_minibatches_keep_groups_whole_and_normalise_each() -> None:
+    from learner.train import split_minibatches
+
+    assert split_minibatches([4, 4, 4, 4], 4) == [0, 1, 2, 3]
+    assert split_minibatches([4, 2, 2, 4], 2) == [0, 0, 1, 1]  # 6 episodes each
+    assert split_minibatches([3, 3], 4) == [0, 1]  # no more minibatches than groups
+    assert split_minibatches([5], 1) == [0]
+
+
+def test_several_updates_clip_against_the_proximal_policy(small_model_dir) -> None:
+    """Four minibatches: the first update starts at the proximal policy (nothing clipped), every
+    later one from parameters the earlier ones moved, so the clip acts; each minibatch is a mean
+    of its own (token weights sum to 1 per minibatch)."""
+    cfg = LearnerConfig(lr=3e-3, minibatches=4, epochs=2, clip_eps=0.05)
+    backend = TorchBackend(cfg, small_model_dir)
+    items, _ = batch_items(many_groups_batch(small_model_dir, n_groups=4), cfg)
+    assert sorted({it.minibatch for it in items}) == [0, 1, 2, 3]
+    for k in range(4):
+        part = [it for it in items if it.minibatch == k]
+        assert len({it.sample_id.split("/")[0] for it in part}) == 1  # one whole group
+        assert sum(it.tok_w * int(it.loss_mask[1:].sum()) for it in part) == pytest.approx(1.0)
+    per_update: list[dict[str, float]] = []
+    m = train_step(backend, items, cfg, per_update)
+    assert len(per_update) == 8 and m["updates"] == 8
+    assert per_update[0]["clip_frac"] == 0.0
+    assert all(u["clip_frac"] > 0 for u in per_update[1:]), [u["clip_frac"] for u in per_update]
+    # on-policy samples: the proximal policy is the behaviour policy, so no mismatch
+    assert m["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["update_kl"] > 0 and m["grad_norm_max"] >= m["grad_norm"] > 0
+
+
+def test_diagnostics_of_a_step(small_model_dir) -> None:
+    """Zero-spread groups, mismatch KL against off-policy behaviour logprobs, mean |advantage|."""
+    samples = [make_sample("a", i, reward=1.0, seed=i) for i in range(2)]  # all equal: no signal
+    samples += [make_sample("b", i, reward=float(i), seed=10 + i) for i in range(2)]
+    true_logprobs(small_model_dir, samples)
+    for s in samples:  # the actors' logprobs a bit off the learner's: a mismatch of known size
+        s.rollout_logprobs = np.where(s.loss_mask == 1, s.rollout_logprobs - 0.1, 0.0).astype(np.float32)
+    asm = Assembler(n_per_group=2, batch_size=4, max_staleness=0, group_timeout_s=60)
+    asm.add([Entry(f"1-{i}", s) for i, s in enumerate(samples)])
+    cfg = LearnerConfig(lr=1e-3)
+    items, stats = batch_items(asm.take_batch(0), cfg)
+    assert stats["zero_spread_groups_frac"] == 0.5 and stats["adv_abs_mean"] == 0.25
+    m = train_step(TorchBackend(cfg, small_model_dir), items, cfg)
+    # behaviour = prox - 0.1 on every token: k1 = -0.1, k3 = exp(0.1) - 0.1 - 1
+    assert m["mismatch_k1"] == pytest.approx(-0.1, abs=1e-5)
+    assert m["mismatch_kl"] == pytest.approx(np.exp(0.1) - 1.1, abs=1e-5)
+    assert m["entropy"] > 0

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "megatron_worker.py"
 TOL = 1e-4
+UPDATES = ["--set", "minibatches=2", "--set", "epochs=2"]
 # name -> worker arguments
 LAYOUTS: dict[str, list[str]] = {
     "dp2": ["--set", "use_distributed_optimizer=false", "--bucket-size", "10000"],
@@ -40,9 +41,14 @@ LAYOUTS: dict[str, list[str]] = {
     "dp2_distopt_sync": ["--set", "use_distributed_optimizer=true", "--set", "overlap_grad_reduce=false"],
     "tp2": ["--set", "tensor_parallel=2"],
     "pp2": ["--set", "pipeline_parallel=2"],
+    # several optimizer updates a step (learner.minibatches, learner.epochs): each minibatch
+    # sharded on its own, the proximal pass before the first update
+    "dp2_mb": ["--set", "use_distributed_optimizer=true", "--bucket-size", "10000", *UPDATES],
+    "tp2_mb": ["--set", "tensor_parallel=2", *UPDATES],
+    "pp2_mb": ["--set", "pipeline_parallel=2", *UPDATES],
 }
 # `make test` runs a short set; `make long` every layout and every resume
-LONG = {"dp2_distopt_sync"}
+LONG = {"dp2_distopt_sync", "tp2_mb", "pp2_mb"}
 PARAMS = [pytest.param(k, marks=pytest.mark.long) if k in LONG else k for k in LAYOUTS]
 RESUMED = [pytest.param("dp2", marks=pytest.mark.long), "dp2_distopt", "tp2",
            pytest.param("pp2", marks=pytest.mark.long)]
@@ -91,6 +97,8 @@ class Runs:
         if name not in self.done:
             if name == "one":
                 self.done[name] = run_worker(self.d / "one.pt", self.model, self.probe, 1)
+            elif name == "one_mb":
+                self.done[name] = run_worker(self.d / "one_mb.pt", self.model, UPDATES, 1)
             elif name.endswith("_resumed"):
                 layout = name.removesuffix("_resumed")
                 ck = self[layout]["ckpt"]
@@ -117,15 +125,21 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.mark.parametrize("layout", PARAMS)
 def test_two_ranks_train_as_one(runs: Runs, layout: str) -> None:
-    one, two = runs["one"], runs[layout]
+    several = layout.endswith("_mb")
+    one, two = runs["one_mb" if several else "one"], runs[layout]
     counts = two["mb_counts"]
-    if layout.startswith("dp"):
+    if several:  # four updates a step, every rank in each: the same model as one rank's
+        assert two["dp_size"] == (2 if layout.startswith("dp") else 1)
+        assert all(st["updates"] == 4 for st in two["stats"].values())
+        assert all(st["clip_frac"] > 0 for st in one["stats"].values())  # the clip acted
+    elif layout.startswith("dp"):
         assert two["dp_size"] == 2
         # the premise: ranks reduce once per step after different numbers of micro-batches
         assert any(len({n for _, n in counts[s]}) > 1 for s in counts)
     else:
         assert two["dp_size"] == 1 and all(len({n for _, n in counts[s]}) == 1 for s in counts)
-    assert len({n for s in one["mb_counts"] for _, n in one["mb_counts"][s]}) > 1  # per step, too
+    if not several:
+        assert len({n for s in one["mb_counts"] for _, n in one["mb_counts"][s]}) > 1  # per step, too
     for step in (1, 2, 3):
         assert float((one["logprobs"][step] - two["logprobs"][step]).abs().max()) <= TOL, step
         assert two["stats"][step]["grad_norm"] == pytest.approx(one["stats"][step]["grad_norm"], rel=1e-5)

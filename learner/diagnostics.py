@@ -1,0 +1,62 @@
+"""What people read to judge whether RL is working, per step: one list of the step metrics that
+say it, their short labels (the learner state hash for `swarl status`, the demo's live view,
+`swarl plot`), and the watch on the trainer/inference mismatch.
+
+- zero_spread_groups_frac: groups whose episodes all scored the same carry no advantage, so no
+  signal; near 1, the task is too hard or too easy for the policy (DAPO drops such groups).
+- entropy: mean entropy of the policy on the sampled tokens; collapsing to 0 ends exploration.
+- grad_norm: before clipping, mean over the step's updates (grad_norm_max the largest).
+- clip_frac: share of loss tokens whose ratio the clip held, mean over updates; 0 with one
+  update per batch by construction.
+- mismatch_kl: k3 estimate of KL(actors' policy || learner's) on the sampled tokens before the
+  step's first update. Near 0 for on-policy samples whatever the learning; above ~0.02 for
+  several steps it is a weight-sync, temperature or tokenisation bug (prime-rl's CI bound).
+- update_kl: how far the step's updates moved the policy on its batch.
+- adv_abs_mean: mean |advantage| of the batch's episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (metrics key, label, format)
+DIAGNOSTICS: tuple[tuple[str, str, str], ...] = (
+    ("reward_mean", "reward", "{:+.3f}"),
+    ("zero_spread_groups_frac", "zero-spread groups", "{:.0%}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("grad_norm", "grad norm", "{:.3g}"),
+    ("clip_frac", "clip frac", "{:.1%}"),
+    ("mismatch_kl", "mismatch KL", "{:.2g}"),
+    ("update_kl", "update KL", "{:.2g}"),
+    ("adv_abs_mean", "|adv|", "{:.3f}"),
+    ("updates", "updates", "{:.0f}"),
+)
+STATE_PREFIX = "diag/"  # their fields in the learner state hash (broker.keys learner_state)
+
+
+def diagnostics(metrics: dict[str, object]) -> dict[str, float]:
+    """The step's diagnostics that it has, by metrics key."""
+    return {k: float(v) for k, _, _ in DIAGNOSTICS
+            if isinstance(v := metrics.get(k), int | float)}
+
+
+def describe(metrics: dict[str, object]) -> str:
+    """One line: `reward +0.250, zero-spread groups 25%, entropy 1.204, ...`."""
+    return ", ".join(f"{label} {fmt.format(float(v))}" for k, label, fmt in DIAGNOSTICS
+                     if isinstance(v := metrics.get(k), int | float))
+
+
+@dataclass
+class MismatchWatch:
+    """Counts consecutive steps whose mismatch KL is above `bound`; `over(kl)` is True at the
+    `steps`-th such step and every one after (0 bound: never)."""
+
+    bound: float
+    steps: int
+    run: int = 0
+
+    def over(self, kl: float | None) -> bool:
+        if not self.bound or kl is None:
+            return False
+        self.run = self.run + 1 if kl > self.bound else 0
+        return self.run >= self.steps
