@@ -105,7 +105,8 @@ class Agent:
         self.result: AgentResult | None = None
 
     # -- the loop ----------------------------------------------------------------------
-    async def run(self, task: str, instance: dict[str, Any]) -> AgentResult:
+    def begin(self, task: str, instance: dict[str, Any]) -> None:
+        """The conversation's start: the system and task messages."""
         variables = {"task": task, "instance": instance, "step_limit": self.cfg.step_limit,
                      "cwd": self.cfg.cwd}
         system = self.t.render("system", **variables)
@@ -113,6 +114,9 @@ class Agent:
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         self.conv = TokenConversation(
             self.enc, system, user, lambda n: self.t.render("context_marker", n_omitted=n))
+
+    async def run(self, task: str, instance: dict[str, Any]) -> AgentResult:
+        self.begin(task, instance)
         patch = ""
         try:
             async with asyncio.timeout(self.cfg.episode_timeout_s):

@@ -68,10 +68,20 @@ class ActorConfig(Section):
         "slot to the next one once its last turn is generated, so grading overlaps generation; "
         "when this many are grading, the next finished episode keeps its slot until one is done. "
         "0: a slot is held until the samples are written.")
+    environment: Literal["envd", "scored"] = Field(
+        default="envd", description="Where episodes run. envd: the SWE agent loop in a container "
+        "leased from the envd pool (pool.url), graded by the row's tests. scored: one answer per "
+        "episode to the row's `prompt`, scored in the actor's process by `actor.scorer` (no Docker, "
+        "no pool; any task a Python function can score).")
+    scorer: str = Field(
+        default="exact", description="environment scored: the function that scores an answer, "
+        "by name (exact: the answer, stripped, equals the row's `answer`) or as module:function "
+        "called with (row, answer text) and returning a bool (resolved: actor.reward_resolved / "
+        "reward_unresolved) or a float (the reward itself; resolved when >= reward_resolved).")
     prompts: str | None = Field(
         default=None, description="YAML file of Jinja2 templates (system, instance, observation, "
         "format_error, ...). Unset: configs/prompts/swebench.yaml (THOUGHT + one bash block per "
-        "turn, submission by a marker line).")
+        "turn, submission by a marker line), or configs/prompts/scored.yaml with environment scored.")
     tokenizer: str | None = Field(
         default=None, description="HF tokenizer directory the actor encodes with. Unset: "
         "inference.model, else the server's /get_model_info tokenizer_path.")

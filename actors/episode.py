@@ -48,13 +48,15 @@ class EpisodeJob:
     sampling_seed: int | None = None
 
     @classmethod
-    def from_payload(cls, p: dict[str, Any]) -> EpisodeJob:
+    def from_payload(cls, p: dict[str, Any], need_image: bool = True) -> EpisodeJob:
+        """`need_image`: the episode runs in a container (actor.environment envd)."""
         for name in ("job_id", "instance", "group_id", "sample_index"):
             if name not in p:
                 raise ValueError(f"job payload: {name}: missing")
         if not isinstance(p["instance"], dict) or "instance_id" not in p["instance"]:
             raise ValueError("job payload: instance: expected a row with instance_id")
-        image_of(p["instance"])  # a row without its image is refused before it takes a slot
+        if need_image:
+            image_of(p["instance"])  # a row without its image is refused before it takes a slot
         seed = p.get("sampling_seed")
         return cls(str(p["job_id"]), p["instance"], str(p["group_id"]), int(p["sample_index"]),
                    int(p.get("n_samples", 1)), None if seed is None else int(seed))
@@ -69,7 +71,8 @@ class EpisodeJob:
 
     @property
     def task(self) -> str:
-        return str(self.instance.get("problem_statement") or self.instance.get("text") or "")
+        return str(self.instance.get("problem_statement") or self.instance.get("prompt")
+                   or self.instance.get("text") or "")
 
 
 @dataclass

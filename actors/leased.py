@@ -1,18 +1,12 @@
 """One leased episode, the same for the actor, `swarl eval` and the slime plug-in: a container
 leased from the envd pool for the row's image → the agent loop → evaluation in a fresh container →
-reward → samples. The lease is heartbeated while held and always closed; the trajectory is always
-written (when there is a directory for it), also for an episode that failed, with its error.
-
-The tokenizer is resolved here and nowhere else: the configured directory, else the
-`tokenizer_path` the inference server reports on /get_model_info; each directory is loaded once
-per process, off the event loop."""
+reward → samples. The lease is heartbeated while held and always closed; the trajectory, templates
+and tokenizer are actors.runner's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +18,8 @@ from actors.encoding import ChatEncoder
 from actors.episode import EpisodeJob, EpisodeResult, make_agent, run_episode
 from actors.prm import JudgeClient, JudgeTemplates, StepJudge
 from actors.protocols import InfraError
-from actors.templates import PromptTemplates, load_templates
+from actors.runner import EpisodeRunner
+from actors.templates import PromptTemplates
 from common.logs import get_logger
 from envd.client import EnvdClient, EnvError, EnvRequestError, Lease
 from swe.harness import setup_script_for
@@ -32,81 +27,29 @@ from swe.schema import RowError
 
 log = get_logger("actors.leased")
 
-_ENCODERS: dict[str, ChatEncoder] = {}
-_ENCODERS_LOCK = threading.Lock()   # loads run in worker threads, possibly from several loops
 
-
-def load_encoder(path: str) -> ChatEncoder:
-    """The encoder of a tokenizer directory, loaded once per process. Blocking: call it in a
-    thread (a loop blocked for seconds lets running episodes' claims and leases lapse)."""
-    with _ENCODERS_LOCK:
-        if path not in _ENCODERS:
-            from transformers import AutoTokenizer
-
-            _ENCODERS[path] = ChatEncoder(AutoTokenizer.from_pretrained(path))
-        return _ENCODERS[path]
-
-
-class LeasedEpisodes:
-    """Runs episodes on pool leases with one config, one tokenizer and one trajectory directory.
-
-    `owner` names the leases in the pool (actor id, "swarl-eval", "slime"); `tokenizer` is the
-    configured directory (None: ask the server); `traj_dir` None writes no trajectories;
-    `hacks_only` writes only those of reward-hack attempts (always kept, for review)."""
+class LeasedEpisodes(EpisodeRunner):
+    """Runs episodes on pool leases (actors.runner: `owner` names the leases in the pool)."""
 
     def __init__(self, cfg: ActorConfig, pool: EnvdClient, *, owner: str, tokenizer: str | None,
                  traj_dir: Path | None, templates: PromptTemplates | None = None,
                  judge: JudgeClient | None = None, hacks_only: bool = False) -> None:
-        self.cfg, self.pool, self.owner = cfg, pool, owner
-        self.tokenizer = tokenizer
-        self.traj_dir = traj_dir
-        self.hacks_only = hacks_only
-        self.templates = templates or load_templates(cfg.prompts)
+        super().__init__(cfg, owner=owner, tokenizer=tokenizer, traj_dir=traj_dir, templates=templates,
+                         hacks_only=hacks_only)
+        self.pool = pool
         # with prm.enable: every episode's executed steps are judged through this client
         self.judge = judge if cfg.prm.enable else None
         self.judge_templates = JudgeTemplates(cfg.prm.template) if self.judge is not None else None
-        self._path_lock = asyncio.Lock()
 
-    async def encoder(self, policy: ServerPolicy | None) -> ChatEncoder:
-        """The episode's encoder: the configured tokenizer, else the server's (asked once)."""
-        async with self._path_lock:
-            if not self.tokenizer and policy is not None:
-                info = await policy.model_info()
-                self.tokenizer = info.get("tokenizer_path") or info.get("model_path") or None
-            path = self.tokenizer
-        if not path or not await asyncio.to_thread(os.path.isdir, path):
-            raise InfraError("tokenizer_missing", f"no local tokenizer directory at {path!r} "
-                             "(set actor.tokenizer)")
-        return await asyncio.to_thread(load_encoder, path)
-
-    async def run(self, job: EpisodeJob, policy: ServerPolicy, pinned_version: int | None,
-                  meta: dict[str, Any] | None = None,
-                  on_generated: Callable[[], Awaitable[None]] | None = None,
-                  follow_updates: bool = False) -> EpisodeResult:
-        """One episode of `job` with `policy` (pinned_version None: no weight-version check).
-        InfraError for any infrastructure failure; `meta` goes to the trajectory's meta.json;
-        `on_generated` is awaited between the policy's last turn and grading (run_episode)."""
-        agent: Agent | None = None
-        ep: EpisodeResult | None = None
-        error: BaseException | None = None
-        try:
-            encoder = await self.encoder(policy)
-            async with self._lease(job) as alloc:
-                env = PoolEnv(self.pool, alloc, job.instance, self.cfg.cwd, self.cfg.exec_env)
-                agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
-                                   self._step_judge(job, encoder), follow_updates=follow_updates)
-                ep = await run_episode(agent, job, on_generated)
-            return ep
-        except BaseException as e:
-            error = e
-            raise
-        finally:
-            hack = ep is not None and bool(ep.metrics.get("reward_hack_attempts"))
-            if self.traj_dir is not None and (hack or not self.hacks_only):
-                # shielded: a cancelled episode (SIGTERM) still leaves its trajectory
-                path = await asyncio.shield(self._save(job, agent, ep, error, meta or {}))
-                if ep is not None:
-                    ep.traj_dir = path
+    async def _episode(self, job: EpisodeJob, policy: ServerPolicy, encoder: ChatEncoder,
+                       pinned_version: int | None, on_generated: Callable[[], Awaitable[None]] | None,
+                       follow_updates: bool, agents: list[Agent]) -> EpisodeResult:
+        async with self._lease(job) as alloc:
+            env = PoolEnv(self.pool, alloc, job.instance, self.cfg.cwd, self.cfg.exec_env)
+            agent = make_agent(self.cfg, self.templates, encoder, policy, env, job, pinned_version,
+                               self._step_judge(job, encoder), follow_updates=follow_updates)
+            agents.append(agent)
+            return await run_episode(agent, job, on_generated)
 
     def _step_judge(self, job: EpisodeJob, encoder: ChatEncoder) -> StepJudge | None:
         if self.judge is None or self.judge_templates is None:
@@ -194,18 +137,3 @@ class LeasedEpisodes:
                 log.warning("lease_wait_failed", error=f"{type(e).__name__}: {e}")
             return
         await self._close_quietly(lease)
-
-    async def _save(self, job: EpisodeJob, agent: Agent | None, ep: EpisodeResult | None,
-                    error: BaseException | None, meta: dict[str, Any]) -> Path | None:
-        from actors.artifacts import write_trajectory
-
-        assert self.traj_dir is not None
-        full = {"owner": self.owner, "tokenizer": self.tokenizer,
-                "weight_versions": [s.weight_version for s in agent.steps] if agent else [],
-                "sampling": self.cfg.sampling.model_dump(),
-                "config": self.cfg.model_dump(exclude={"inference_api_key"}), **meta}
-        try:
-            return await asyncio.to_thread(write_trajectory, self.traj_dir, job, agent, ep, error, full)
-        except OSError as e:  # artifacts are for humans; a full disk must not lose the samples
-            log.warning("trajectory_not_saved", job_id=job.job_id, error=str(e))
-            return None

@@ -30,9 +30,12 @@ from actors.episode import EpisodeJob, failure_samples
 from actors.leased import LeasedEpisodes
 from actors.prm import HttpJudge
 from actors.protocols import InfraError
+from actors.runner import EpisodeRunner
 from actors.runtime import ActorRuntime
+from actors.scored import ScoredEpisodes
 from broker.keys import PIN_TTL_S, SERVER_TTL_S
 from common.logs import get_logger
+from envd.client import EnvdClient
 
 log = get_logger("actors.rollout")
 T = TypeVar("T")
@@ -47,7 +50,6 @@ class Rollouts:
         from broker.registry import PolicyRegistry, ServerRegistry
         from broker.replay import ReplayWriter
         from broker.running import RunningEpisodes
-        from envd.client import EnvdClient
 
         self.rt, self.a, self.redis = rt, rt.actor, redis
         self.keys = rt.keys
@@ -62,17 +64,23 @@ class Rollouts:
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
         self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
-        if not rt.pool_url:
-            raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
-        self.pool = EnvdClient.pool(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
         self.api_key = self.a.inference_api_key or os.environ.get("SWARL_INFERENCE_API_KEY")
         self.judge: HttpJudge | None = None
-        if self.a.prm.enable:
-            self.judge = HttpJudge(self._judge_urls, self.a.prm.api_key or self.api_key, self.a.prm.timeout_s)
         self._judges: tuple[float, list[str]] = (0.0, [])
-        self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
-                                       traj_dir=rt.traj_dir, hacks_only=not self.a.save_trajectories,
-                                       judge=self.judge)
+        self.pool: EnvdClient | None = None
+        self.episodes: EpisodeRunner
+        if self.a.environment == "scored":  # answers scored in this process: no pool, no Docker
+            self.episodes = ScoredEpisodes(self.a, owner=self.actor_id, tokenizer=rt.tokenizer,
+                                           traj_dir=rt.traj_dir, hacks_only=not self.a.save_trajectories)
+        else:
+            if not rt.pool_url:
+                raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
+            self.pool = EnvdClient.pool(rt.pool_url, rt.envd_token, allocate_wait_s=self.a.allocate_wait_s)
+            if self.a.prm.enable:
+                self.judge = HttpJudge(self._judge_urls, self.a.prm.api_key or self.api_key, self.a.prm.timeout_s)
+            self.episodes = LeasedEpisodes(self.a, self.pool, owner=self.actor_id, tokenizer=rt.tokenizer,
+                                           traj_dir=rt.traj_dir, hacks_only=not self.a.save_trajectories,
+                                           judge=self.judge)
         self.running = 0
         # episodes generating at once (actor.concurrency, or the CLI's); arq runs up to
         # actor.grading_concurrency more jobs, which wait here or grade past their last turn
@@ -155,7 +163,7 @@ class Rollouts:
 
     # -- one job -----------------------------------------------------------------------
     async def run(self, payload: dict[str, Any], job_try: int = 1) -> dict[str, Any]:
-        job = EpisodeJob.from_payload(payload)
+        job = EpisodeJob.from_payload(payload, need_image=self.a.environment == "envd")
         if await self.redis.sismember(self.keys.jobs_done, job.job_id):
             return {"skipped": "already done"}
         final_try = job_try >= self.rt.queue.max_tries
@@ -428,7 +436,8 @@ class Rollouts:
         if self._version_poll is not None:
             with contextlib.suppress(Exception):
                 await self._version_poll
-        await self.pool.aclose()
+        if self.pool is not None:
+            await self.pool.aclose()
         if self.judge is not None:
             await self.judge.aclose()
 

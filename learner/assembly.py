@@ -101,6 +101,7 @@ class Batch:
     groups: list[ReadyGroup]
     decided_ids: list[str]        # stream ids to ack after the checkpoint
     staleness: Counter[int]       # age (versions behind) -> trained samples
+    version: int = 0              # the learner's policy version the batch is taken at
 
     @property
     def n_episodes(self) -> int:
@@ -324,7 +325,7 @@ class Assembler:
                     self.held.discard(e.sample.sample_id)
                     self.consumed.add(e.sample.sample_id)
                     self._count_trained(e.sample)
-        return Batch(taken, ids, stale)
+        return Batch(taken, ids, stale, version)
 
     def _count_trained(self, s: Sample) -> None:
         if s.masked:

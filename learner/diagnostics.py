@@ -8,9 +8,12 @@ say it, their short labels (the learner state hash for `swarl status`, the demo'
 - grad_norm: before clipping, mean over the step's updates (grad_norm_max the largest).
 - clip_frac: share of loss tokens whose ratio the clip held, mean over updates; 0 with one
   update per batch by construction.
-- mismatch_kl: k3 estimate of KL(actors' policy || learner's) on the sampled tokens before the
-  step's first update. Near 0 for on-policy samples whatever the learning; above ~0.02 for
-  several steps it is a weight-sync, temperature or tokenisation bug (prime-rl's CI bound).
+- mismatch_kl: k3 estimate of KL(actors' policy || learner's) before the step's first update,
+  on the tokens the learner's current policy made (fresh: their version is the learner's, so
+  the two policies are the same weights; fresh_frac is their share of the loss; absent when a
+  step has none). Near 0 whatever the learning; above ~0.02 for several steps it is a
+  weight-sync, temperature or tokenisation bug (prime-rl's CI bound). behav_kl is the same on
+  every token: with staleness it adds how far the policy moved since the stale tokens were made.
 - update_kl: how far the step's updates moved the policy on its batch.
 - adv_abs_mean: mean |advantage| of the batch's episodes.
 """
@@ -27,6 +30,7 @@ DIAGNOSTICS: tuple[tuple[str, str, str], ...] = (
     ("grad_norm", "grad norm", "{:.3g}"),
     ("clip_frac", "clip frac", "{:.1%}"),
     ("mismatch_kl", "mismatch KL", "{:.2g}"),
+    ("behav_kl", "behaviour KL", "{:.2g}"),
     ("update_kl", "update KL", "{:.2g}"),
     ("adv_abs_mean", "|adv|", "{:.3f}"),
     ("updates", "updates", "{:.0f}"),

@@ -29,6 +29,7 @@ class LossInputs:
     adv: torch.Tensor         # [N] advantage of the token's sample
     mask: torch.Tensor        # [N] float 1/0: tokens the policy generated and that train
     tok_w: torch.Tensor       # [N] aggregation weight (token or sequence mean over the batch)
+    fresh: torch.Tensor | None = None  # [N] 1 where the behaviour policy is the proximal one
     entropy: torch.Tensor | None = None   # [N], with grad if entropy_coef != 0
     ref_logp: torch.Tensor | None = None  # [N] reference policy (KL), no grad
 
@@ -66,11 +67,17 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
             "imp_weight_mean": float((weight * w).sum()),
             "imp_weight_max": float(weight[m].max()) if m.any() else 0.0,
             "imp_weight_zeroed_frac": float(((weight == 0).float() * w).sum()),
-            # trainer/inference mismatch on the sampled tokens, k3 and k1 of KL(behaviour || prox)
-            "mismatch_kl": float((kl_k3(x.behav_logp, x.prox_logp) * w).sum()),
-            "mismatch_k1": float(((x.behav_logp - x.prox_logp) * w).sum()),
+            # behaviour vs proximal policy on the sampled tokens, k3 of KL(behaviour || prox):
+            # off-policy drift (staleness) plus trainer/inference mismatch; on the tokens the
+            # current policy made (fresh) it is the mismatch alone (a bug's, not RL's)
+            "behav_kl": float((kl_k3(x.behav_logp, x.prox_logp) * w).sum()),
             "weight_sum": float(w.sum()),
         }
+        if x.fresh is not None:
+            wf = w * x.fresh
+            stats["mismatch_kl_sum"] = float((kl_k3(x.behav_logp, x.prox_logp) * wf).sum())
+            stats["mismatch_k1_sum"] = float(((x.behav_logp - x.prox_logp) * wf).sum())
+            stats["mismatch_weight"] = float(wf.sum())
         if kl is not None:
             stats["kl_ref"] = float((kl * w).sum())
         if x.entropy is not None:

@@ -7,7 +7,8 @@ block-diagonal causal mask: LearnerConfig.attention). padded: each sample is its
 padded to the longest of its micro-batch (the baseline the benchmark compares against).
 
 Per-token tensors are over *prediction slots*: token i (i >= 1) of a sample is predicted by the
-logits at i - 1; slot arrays are concatenated sample after sample.
+logits at i - 1; only tokens that carry loss (loss_mask 1) have a slot (`slot_positions`), and
+slot arrays are concatenated sample after sample.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class TrainItem:
     adv: float
     tok_w: float = 0.0         # aggregation weight per loss token (losses.token_weights), per minibatch
     minibatch: int = 0         # which optimizer update of a pass trains it (learner.minibatches)
-    prox_logp: np.ndarray | None = None  # float32 [L]: the policy before the step's first update
+    fresh: bool = False        # made by the learner's current policy: its mismatch KL is a bug's
+    prox_logp: np.ndarray | None = None  # float32 [L]: the policy before the step's first update (0 off the loss)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class MicroBatch:
     tok_w: torch.Tensor              # [N] float
     slot_sample: torch.Tensor        # [N] index into `items`
     prox_logp: torch.Tensor | None   # [N] float: every item's prox_logp, else None
+    fresh: torch.Tensor              # [N] float 1/0: the slot's sample is TrainItem.fresh
     items: list[TrainItem] = field(default_factory=list)
     packed: bool = True
     cu_seqlens: torch.Tensor | None = None  # packed: [n+1] int32 sample boundaries in the row
@@ -119,24 +122,32 @@ def make_microbatches(items: list[TrainItem], max_tokens: int, packed: bool = Tr
     return [_padded([items[i] for i in g]) for g in padded_groups(lengths, max_tokens)]
 
 
+def slot_positions(it: TrainItem) -> np.ndarray:
+    """The tokens of a sample that carry loss (mask 1), as indices into tokens[1:]: the only
+    prediction slots the learner computes (a prompt's logits would be multiplied by 0)."""
+    return np.flatnonzero(it.loss_mask[1:])
+
+
 def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, Any]:
-    rows, cols, tgt, mask, behav, adv, w, idx, prox = [], [], [], [], [], [], [], [], []
+    rows, cols, tgt, mask, behav, adv, w, idx, prox, fresh = [], [], [], [], [], [], [], [], [], []
     has_prox = bool(items) and all(it.prox_logp is not None for it in items)
     for k, (it, (r, off)) in enumerate(zip(items, starts, strict=True)):
-        n = len(it.tokens) - 1
-        if n <= 0:
+        pos = slot_positions(it)
+        n = len(pos)
+        if n == 0:
             continue
         rows.append(np.full(n, r))
-        cols.append(np.arange(off, off + n))
-        tgt.append(it.tokens[1:])
-        mask.append(it.loss_mask[1:])
-        behav.append(it.behav_logp[1:])
+        cols.append(off + pos)
+        tgt.append(it.tokens[1:][pos])
+        mask.append(it.loss_mask[1:][pos])
+        behav.append(it.behav_logp[1:][pos])
         adv.append(np.full(n, it.adv, dtype=np.float32))
         w.append(np.full(n, it.tok_w, dtype=np.float32))
         idx.append(np.full(n, k))
+        fresh.append(np.full(n, float(it.fresh), dtype=np.float32))
         if has_prox:
             assert it.prox_logp is not None
-            prox.append(it.prox_logp[1:])
+            prox.append(it.prox_logp[1:][pos])
 
     def cat(xs: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
         if not xs:
@@ -148,7 +159,7 @@ def _slots(items: list[TrainItem], starts: list[tuple[int, int]]) -> dict[str, A
             "targets": cat(tgt, torch.long), "loss_mask": cat(mask, torch.float32),
             "behav_logp": cat(behav, torch.float32), "adv": cat(adv, torch.float32),
             "tok_w": cat(w, torch.float32), "slot_sample": cat(idx, torch.long),
-            "prox_logp": cat(prox, torch.float32) if has_prox else None}
+            "prox_logp": cat(prox, torch.float32) if has_prox else None, "fresh": cat(fresh, torch.float32)}
 
 
 def _packed(items: list[TrainItem]) -> MicroBatch:

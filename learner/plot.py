@@ -20,7 +20,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("entropy", ["entropy"]),
     ("grad_norm", ["grad_norm", "grad_norm_max"]),
     ("clip", ["clip_frac", "imp_weight_zeroed_frac"]),
-    ("kl", ["mismatch_kl", "update_kl"]),
+    ("kl", ["mismatch_kl", "behav_kl", "update_kl"]),
 ]
 
 

@@ -22,12 +22,12 @@ from learner.assembly import Batch
 from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
 from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
-from learner.packing import MicroBatch, TrainItem, make_microbatches
+from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_positions
 
 # statistics of a step that are means over its optimizer updates: each update's per-token
 # statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
 PER_UPDATE = ("loss", "pg_loss", "clip_frac", "ratio_mean", "imp_weight_mean", "imp_weight_zeroed_frac",
-              "kl_ref", "entropy", "mismatch_kl", "mismatch_k1")
+              "kl_ref", "entropy", "behav_kl")
 
 
 def split_minibatches(group_sizes: list[int], n: int) -> list[int]:
@@ -81,7 +81,7 @@ def batch_items(batch: Batch, cfg: LearnerConfig) -> tuple[list[TrainItem], dict
             advs.append(float(np.mean(ep_adv)))
             for s, a in zip(ep.samples, ep_adv, strict=True):
                 items.append(TrainItem(s.sample_id, s.tokens, s.loss_mask, s.rollout_logprobs, a,
-                                       minibatch=mb))
+                                       minibatch=mb, fresh=s.policy_version == batch.version))
     set_token_weights(items, cfg.aggregation)
     adv = np.asarray(advs or [0.0])
     stats = {"reward_mean": float(np.mean(rewards or [0.0])), "resolve_rate": float(np.mean(resolved or [0.0])),
@@ -111,11 +111,11 @@ def proximal_pass(backend: TrainBackend, items: list[TrainItem], cfg: LearnerCon
         with torch.no_grad():
             lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu().numpy()
         off = 0
-        for it in mb.items:  # slot i of a sample predicts its token i + 1
-            n = len(it.tokens) - 1
-            if n > 0:
-                it.prox_logp = np.concatenate([[0.0], lp[off:off + n]]).astype(np.float32)
-                off += n
+        for it in mb.items:  # slots in sample order, one per token that carries loss
+            pos = slot_positions(it)
+            it.prox_logp = np.zeros(len(it.tokens), dtype=np.float32)
+            it.prox_logp[1:][pos] = lp[off:off + len(pos)]
+            off += len(pos)
 
 
 def update_kl(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig, n_minibatches: int) -> float:
@@ -160,7 +160,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         ref = backend.ref_logprobs(mb) if cfg.kl_coef else None
         return policy_loss(LossInputs(
             logp=logp, prox_logp=prox, behav_logp=mb.behav_logp.to(dev), adv=mb.adv.to(dev),
-            mask=mb.loss_mask.to(dev), tok_w=mb.tok_w.to(dev), entropy=ent,
+            mask=mb.loss_mask.to(dev), tok_w=mb.tok_w.to(dev), fresh=mb.fresh.to(dev), entropy=ent,
             ref_logp=None if ref is None else ref.to(dev)), cfg)
 
     sums: dict[str, float] = defaultdict(float)
@@ -188,7 +188,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         for mb in mbs:
             sums["tokens"] += mb.n_tokens
             sums["positions"] += mb.n_positions
-            sums["loss_tokens"] += float(mb.loss_mask.sum())
+            sums["loss_tokens"] += float((mb.loss_mask * (mb.tok_w > 0)).sum())  # not an idle rank's
     dt = time.perf_counter() - t0
     return {**sums, "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(max(grad_norms)),
             "lr": lr, "imp_weight_max": w_max, "updates": float(updates),
@@ -197,6 +197,14 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
 
 
 def finish_stats(m: dict[str, float]) -> dict[str, float]:
-    """Per-update sums (over every rank) as means over the step's updates."""
+    """Per-update sums (over every rank) as means over the step's updates; the mismatch KL as a
+    mean over the fresh tokens (made by the learner's current policy; none: not measured)."""
     n = max(1.0, m.get("updates", 1.0))
-    return {k: (v / n if k in PER_UPDATE else v) for k, v in m.items()}
+    out = {k: (v / n if k in PER_UPDATE else v) for k, v in m.items()
+           if k not in ("mismatch_kl_sum", "mismatch_k1_sum", "mismatch_weight")}
+    fresh = m.get("mismatch_weight", 0.0)
+    out["fresh_frac"] = fresh / n
+    if fresh > 0:
+        out["mismatch_kl"] = m["mismatch_kl_sum"] / fresh
+        out["mismatch_k1"] = m["mismatch_k1_sum"] / fresh
+    return out

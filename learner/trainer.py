@@ -173,8 +173,9 @@ def shard_step(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
 
 def shard_items(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
     """`n` shards with about the same number of tokens (longest first, each to the lightest
-    shard). A shard that would be empty gets a copy of a sample that trains nothing (zero
-    weight, no loss tokens), so every data-parallel rank still takes part in the step."""
+    shard). A shard that would be empty gets a copy of a sample that trains nothing (weight and
+    advantage 0; its loss slots are kept, so it has a micro-batch), so every data-parallel rank
+    still takes part in the step."""
     shards: list[list[TrainItem]] = [[] for _ in range(n)]
     load = [0] * n
     for it in sorted(items, key=lambda it: -len(it.tokens)):
@@ -184,7 +185,7 @@ def shard_items(items: list[TrainItem], n: int) -> list[list[TrainItem]]:
     for s in shards:
         if not s and items:
             it = items[0]
-            s.append(TrainItem(f"{it.sample_id}#idle", it.tokens, it.loss_mask * 0, it.behav_logp,
+            s.append(TrainItem(f"{it.sample_id}#idle", it.tokens, it.loss_mask, it.behav_logp,
                                0.0, 0.0, minibatch=it.minibatch))
     return shards
 

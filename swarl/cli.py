@@ -46,6 +46,7 @@ app.add_typer(weights.app, name="weights")
 # end-to-end and operations
 app.command("demo")(run.demo)
 app.command("eval")(run.eval_)
+app.command("learning-check")(run.learning_check)
 app.command("doctor")(doctor.doctor)
 ops.register(app)
 

@@ -13,13 +13,13 @@ from swarl.config import SwarlConfig
 
 
 def actor_runtime(cfg: SwarlConfig, redis_url: str | None = None) -> ActorRuntime:
-    if not cfg.pool.url:
-        raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
     a = cfg.actor
+    if not cfg.pool.url and a.environment == "envd":
+        raise ValueError("pool.url: not set (where actors reach `swarl pool serve`)")
     return ActorRuntime(
         actor=a, keys=cfg.keys, redis=cfg.redis_at(redis_url) if redis_url else cfg.redis,
         queue=cfg.queue, admission=cfg.admission, write_batch=cfg.replay.write_batch,
-        pool_url=cfg.pool.url, envd_token=cfg.envd.token, tokenizer=a.tokenizer or cfg.inference.model,
+        pool_url=cfg.pool.url or "", envd_token=cfg.envd.token, tokenizer=a.tokenizer or cfg.inference.model,
         traj_dir=Path(a.traj_dir or Path(cfg.run.dir) / "trajectories"),
         rollout_mode=cfg.weight_sync.rollout_mode)
 

@@ -86,6 +86,12 @@ class TorchBackend:
             mask = None
         else:
             mask = mb.block_mask() if mb.packed else mb.attention_mask
+        if mb.input_ids.shape[0] == 1:
+            # one row (packed): the model's head runs at the slots only (transformers'
+            # logits_to_keep takes positions), not over the vocabulary at every prompt token
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mask,
+                        use_cache=False, logits_to_keep=mb.cols, **kw)
+            return out.logits[0]
         out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mask,
                     use_cache=False, **kw)
         return out.logits[mb.rows, mb.cols]

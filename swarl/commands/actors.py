@@ -25,9 +25,17 @@ def actor(
     from swarl.wiring import actor_runtime
 
     cfg = load(config, sets, extra={"actor.concurrency": concurrency, "pool.url": pool_url})
-    if not cfg.pool.url:
+    if not cfg.pool.url and cfg.actor.environment == "envd":
         typer.echo("swarl actor: pool.url is not set (--pool-url, SWARL_POOL_URL or --set pool.url=...)",
                    err=True)
         raise typer.Exit(2)
+    if cfg.actor.environment == "scored":
+        from actors.scored import load_scorer
+
+        try:
+            load_scorer(cfg.actor.scorer)  # refused before the worker starts, not per episode
+        except ValueError as e:
+            typer.echo(f"swarl actor: {e}", err=True)
+            raise typer.Exit(2) from None
     with redis_for_command(cfg.redis.url, cfg.run.dir) as url:
         asyncio.run(run_actor(actor_runtime(cfg, url), cfg.actor.concurrency))

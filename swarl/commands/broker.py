@@ -11,7 +11,8 @@ from swarl.cliutil import ConfigOpt, SetOpt, load
 
 
 def enqueue(
-    data: Annotated[str, typer.Option("--data", help="JSONL: prepared records (swarl data prepare) or raw SWE rows.")],
+    data: Annotated[str, typer.Option("--data", help="JSONL: prepared records (swarl data prepare) or raw SWE rows; "
+                                      "with actor.environment scored, rows with instance_id and prompt.")],
     n_samples: Annotated[int, typer.Option("--n-samples", help="Samples per instance (GRPO group size).")] = 8,
     epochs: Annotated[int, typer.Option("--epochs", help="Groups per instance (each a new group id).")] = 1,
     skip_bad: Annotated[bool, typer.Option("--skip-bad/--fail-on-bad", help="Skip malformed rows (reported) or stop.")] = True,
@@ -23,6 +24,7 @@ def enqueue(
 ) -> None:
     """Enqueue one job per (instance, group, sample index), epoch by epoch, each epoch shuffled;
     idempotent (deterministic job ids)."""
+    from actors.scored import read_scored_rows
     from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for
     from common.services import redis_for_command
     from swe.rows import RowError, read_rows
@@ -31,10 +33,13 @@ def enqueue(
     keys = cfg.keys
     errors: list[RowError] = []
 
+    scored = cfg.actor.environment == "scored"
+
     async def run(url: str) -> tuple[int, int, int]:
         pool = await arq_pool(url)
         try:
-            rows = list(read_rows(data, errors=errors if skip_bad else None))
+            rows = list(read_scored_rows(data, errors if skip_bad else None) if scored
+                        else read_rows(data, errors=errors if skip_bad else None))
             order = epoch_order(rows, range(epochs), seed=(cfg.run.seed if seed is None else seed) if shuffle else None)
             added, skipped = await enqueue_jobs(pool, keys, [
                 j for row, epoch in order for j in jobs_for(keys, row.instance, row.data_source, n_samples, epoch)])

@@ -14,7 +14,7 @@ from learner.backends.torch_backend import TorchBackend
 from learner.checkpoint import LearnerState
 from learner.config import LearnerConfig
 from learner.packing import make_microbatches
-from learner.train import batch_items, train_step
+from learner.train import batch_items, finish_stats, train_step
 
 
 def one_group_batch(model_dir, rewards=(1.0, 0.0), **kw):
@@ -197,7 +197,7 @@ def test_several_updates_clip_against_the_proximal_policy(small_model_dir) -> No
         assert len({it.sample_id.split("/")[0] for it in part}) == 1  # one whole group
         assert sum(it.tok_w * int(it.loss_mask[1:].sum()) for it in part) == pytest.approx(1.0)
     per_update: list[dict[str, float]] = []
-    m = train_step(backend, items, cfg, per_update)
+    m = finish_stats(train_step(backend, items, cfg, per_update))
     assert len(per_update) == 8 and m["updates"] == 8
     assert per_update[0]["clip_frac"] == 0.0
     assert all(u["clip_frac"] > 0 for u in per_update[1:]), [u["clip_frac"] for u in per_update]
@@ -218,8 +218,30 @@ def test_diagnostics_of_a_step(small_model_dir) -> None:
     cfg = LearnerConfig(lr=1e-3)
     items, stats = batch_items(asm.take_batch(0), cfg)
     assert stats["zero_spread_groups_frac"] == 0.5 and stats["adv_abs_mean"] == 0.25
-    m = train_step(TorchBackend(cfg, small_model_dir), items, cfg)
+    m = finish_stats(train_step(TorchBackend(cfg, small_model_dir), items, cfg))
     # behaviour = prox - 0.1 on every token: k1 = -0.1, k3 = exp(0.1) - 0.1 - 1
+    assert m["fresh_frac"] == pytest.approx(1.0)  # made at the learner's version: all fresh
     assert m["mismatch_k1"] == pytest.approx(-0.1, abs=1e-5)
     assert m["mismatch_kl"] == pytest.approx(np.exp(0.1) - 1.1, abs=1e-5)
+    assert m["behav_kl"] == pytest.approx(m["mismatch_kl"], abs=1e-6)
     assert m["entropy"] > 0
+
+
+def test_the_mismatch_is_measured_on_fresh_tokens_only(small_model_dir) -> None:
+    """A stale sample (made by an older version) differs from the learner's policy because the
+    policy moved, not because of a bug: it counts in behav_kl, never in the mismatch KL."""
+    samples = [make_sample("a", i, reward=float(i), seed=i, version=1) for i in range(2)]
+    samples += [make_sample("b", i, reward=float(i), seed=10 + i, version=0) for i in range(2)]
+    true_logprobs(small_model_dir, samples)
+    for s in samples[2:]:  # the stale ones, far off the learner's policy
+        s.rollout_logprobs = np.where(s.loss_mask == 1, s.rollout_logprobs - 1.0, 0.0).astype(np.float32)
+    asm = Assembler(n_per_group=2, batch_size=4, max_staleness=1, group_timeout_s=60)
+    asm.add([Entry(f"1-{i}", s) for i, s in enumerate(samples)])
+    cfg = LearnerConfig(lr=1e-3)
+    batch = asm.take_batch(1)
+    items, _ = batch_items(batch, cfg)
+    assert {it.sample_id: it.fresh for it in items} == {"a/0/0": True, "a/1/0": True, "b/0/0": False,
+                                                        "b/1/0": False}
+    m = finish_stats(train_step(TorchBackend(cfg, small_model_dir), items, cfg))
+    assert m["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["behav_kl"] > 0.1 and 0 < m["fresh_frac"] < 1
