@@ -207,9 +207,14 @@ def run_check(o: CheckOptions) -> dict[str, Any]:
             procs.start(f"actor-{i}", [*exe, "actor", "-c", str(cfg_path), "-k", str(o.concurrency)])
         metrics_path = o.run_dir / "metrics.jsonl"
         said = 0
+        cpu_at: dict[int, float] = {}  # learner step -> CPU seconds of every process of the run so far
+        cpu0 = cpu_seconds(procs)
         while True:
             procs.check()
             rows = read_metrics(metrics_path) if metrics_path.exists() else []
+            cpu = cpu_seconds(procs) - cpu0
+            for r in rows:
+                cpu_at.setdefault(int(r["step"]), cpu)
             learner = next(p for p in procs.procs if p.name == "learner")
             if not learner.alive() or len(rows) >= o.steps or time.monotonic() - t_train > o.seconds:
                 break
@@ -225,16 +230,37 @@ def run_check(o: CheckOptions) -> dict[str, Any]:
         procs.stop_all(timeout=30)
         if redis is not None:
             redis.stop()
-    return summarize(rows, o, train_s, time.monotonic() - t_start)
+    return summarize(rows, o, train_s, time.monotonic() - t_start, cpu_at)
+
+
+def cpu_seconds(procs: ProcessGroup) -> float:
+    """User + system CPU seconds of the group's processes and their children (what a setting
+    costs, whatever else the machine runs)."""
+    import psutil
+
+    total = 0.0
+    for p in procs.procs:
+        try:
+            root = psutil.Process(p.proc.pid)
+            for q in [root, *root.children(recursive=True)]:
+                t = q.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:  # gone: its time is no longer counted (stopped at the end only)
+            continue
+    return total
 
 
 def summarize(rows: list[dict[str, Any]], o: CheckOptions, train_s: float, wall_s: float,
-              window: int = 5) -> dict[str, Any]:
+              cpu_at: dict[int, float] | None = None, window: int = 5, bar: float = 0.8) -> dict[str, Any]:
     """The curve per step and its ends: the mean resolve rate of the first and last `window`
-    steps (each step's rate is of the episodes it trained, sampled at temperature 1)."""
+    steps (each step's rate is of the episodes it trained, sampled at temperature 1), and the
+    CPU seconds the run's processes had spent when the rolling mean of 3 steps first reached
+    `bar` (None: never)."""
+    cpu_at = cpu_at or {}
     steps = [r for r in rows if "resolve_rate" in r]
-    curve = [{k: r.get(k) for k in ("step", "resolve_rate", "reward_mean", "mismatch_kl", "update_kl",
-                                    "entropy", "clip_frac", "zero_spread_groups_frac", "grad_norm")}
+    curve = [{**{k: r.get(k) for k in ("step", "resolve_rate", "reward_mean", "mismatch_kl", "behav_kl",
+                                       "update_kl", "entropy", "clip_frac", "zero_spread_groups_frac",
+                                       "grad_norm")}, "cpu_s": cpu_at.get(int(r["step"]))}
              for r in steps]
     rates = [float(r["resolve_rate"]) for r in steps]
 
@@ -242,7 +268,11 @@ def summarize(rows: list[dict[str, Any]], o: CheckOptions, train_s: float, wall_
         return sum(xs) / len(xs) if xs else float("nan")
 
     kls = [float(r["mismatch_kl"]) for r in steps if isinstance(r.get("mismatch_kl"), int | float)]
+    reached = next((int(steps[i]["step"]) for i in range(2, len(steps))
+                    if mean(rates[i - 2:i + 1]) >= bar), None)
     return {"arm": o.arm, "seed": o.seed, "steps": len(steps), "chance": CHANCE,
+            "bar": bar, "step_at_bar": reached, "cpu_s_at_bar": cpu_at.get(reached) if reached else None,
+            "cpu_s": max(cpu_at.values(), default=None),
             "first": mean(rates[:window]), "last": mean(rates[-window:]), "best": max(rates, default=float("nan")),
             "mismatch_kl_max": max(kls, default=float("nan")), "mismatch_kl_mean": mean(kls),
             "train_s": round(train_s, 1), "wall_s": round(wall_s, 1),
