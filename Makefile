@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo demo-learning test long chaos images fuzz lint bench bench-async bench-async-repeats clean
+.PHONY: setup demo demo-learning learning-seeds test long chaos images fuzz lint bench bench-async bench-async-repeats clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,6 +12,11 @@ demo: setup
 # on 2 idle cores; ARGS="--seeds 0,1" to shorten)
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
+
+# does the loop learn? the reading task (swarl learning-check) with the default settings and the
+# shuffled-reward control over five seeds (make test runs one seed of both: tests/system/test_loop_learns.py)
+learning-seeds: setup
+	.venv/bin/python benchmarks/learner_settings.py --only "default,shuffled" --seeds 0,1,2,3,4 --no-record $(ARGS)
 
 test: setup
 	.venv/bin/ruff check .

@@ -10,6 +10,8 @@ depend on what else the machine runs. Writes benchmarks/learner_settings.{json,p
 of RESULTS.md; docs/learner.md's table quotes it.
 
     .venv/bin/python benchmarks/learner_settings.py [--seeds 0,1] [--steps 40] [--only NAME,...]
+
+`make learning-seeds` runs the default and the shuffled-reward control over five seeds.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sequence aggregation": {"learner.aggregation": "sequence"},
     "group 4 (16 prompts a step)": {"learner.n_samples_per_prompt": 4},
     "group 16 (4 prompts a step)": {"learner.n_samples_per_prompt": 16},
+    # the control: the default with each batch's rewards permuted across it (must stay at chance)
+    "shuffled-reward control": {"learner.reward_shuffle": True},
 }
 
 
@@ -102,8 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         for seed in seeds:
             tag = "".join(c if c.isalnum() else "-" for c in name)[:40] + f"-s{seed}"
+            overrides = dict(VARIANTS[name])
+            arm = "shuffled" if overrides.pop("learner.reward_shuffle", False) else "rl"
             res = run_check(CheckOptions(run_dir=Path(o.run_dir) / tag, steps=o.steps, seconds=1800, seed=seed,
-                                         sets=sets_of(VARIANTS[name]),
+                                         arm=arm, sets=sets_of(overrides),
                                          say=lambda m, t=tag: print(f"[{t}] {m}", flush=True)))
             results.setdefault(name, []).append(res)
             print(f"{name}, seed {seed}: {res['first']:.2f} -> {res['last']:.2f}, bar at step "
