@@ -16,18 +16,27 @@ cost capacity, the fewest pins go first: their drain is the shortest.
 
 weight_sync.rollout_mode in-flight: no drain. A server behind is set "updating" (no new pins),
 its generation paused (PAUSE_MODE, below: its running requests wait, none is cut), the version
-loaded through the transport and checked, generation continued (on every way out, bounded).
-Episodes pinned to it go on under the new version; their actors record the version of every turn.
-max_updating and min_ready bound the servers paused at once as they bound drains.
+loaded through the transport and checked, generation continued. Episodes pinned to it go on under
+the new version; their actors record the version of every token (SGLang's weight_versions spans).
+max_updating and min_ready bound the servers paused at once as they bound drains. A pinned drain
+that times out with drain_timeout_action "proceed" pauses the same way: SGLang loads each bucket
+into the live model as it arrives, holds its writer lock per HTTP call only and labels the version
+only with the last bucket, so an episode still pinned would otherwise get turns on a half-loaded
+model that report the old version.
 
 Which transport (weight_sync/transports/): a ready server behind the version held in memory gets
 it over its distributed group; every other server (one that registers or restarts, one whose
 update failed, every server with the disk transport) loads the newest verified checkpoint; while
 nothing is published a starting server keeps its base weights. A version a transport cannot
 deliver (a checkpoint that fails verification) is refused before any server is touched and
-looked at again after retry_failed_s. A failed update leaves the server at its old version:
-"ready" with the error when the server answered that it kept its old weights, else "failed";
-either way it is tried again after retry_failed_s, and the run goes on. A server whose update
+looked at again after retry_failed_s. A failed update leaves no episode running on a mix of
+two versions. When the server answered that it kept its old weights (ServerRefused: a refused
+session, group or first bucket) it goes back to "ready" at its old version and, if it was
+paused, generation continues. Any other failure may have left some buckets loaded: the server
+is "failed", and if it was paused it stays paused (held) until it has been loaded from disk,
+which happens at the next step, or once a checkpoint is recorded (the base weights are no way
+back); generation is continued after every good load of a server that was not serving. Either
+way the run goes on. A server whose update
 over its distributed group failed (it refused, died, or was slow to begin its session; see
 weight_sync.update_group) is not given that version over the group again: it loads it from disk,
 at once if the checkpoint is recorded, else as soon as it is.
