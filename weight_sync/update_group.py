@@ -96,11 +96,15 @@ def nccl_nonblocking_options() -> Any:
     SGLang server joins at its first receive); a blocking set-up cannot be ended by abort(), so a
     server that refused or died first would leave rank 0's thread, and the group, behind for
     good. Non-blocking, every wait of the set-up and of the collectives ends when the group is
-    aborted."""
-    from torch.distributed import ProcessGroupNCCL
+    aborted. None (a blocking one, logged) where this torch has no such option."""
+    try:
+        from torch.distributed import ProcessGroupNCCL
 
-    opts = ProcessGroupNCCL.Options()
-    opts.config.blocking = 0
+        opts = ProcessGroupNCCL.Options()
+        opts.config.blocking = 0
+    except (ImportError, AttributeError) as e:
+        log.warning("nccl_nonblocking_unavailable", error=repr(e))
+        return None
     return opts
 
 
