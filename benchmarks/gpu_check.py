@@ -654,7 +654,11 @@ def nccl_probe(timeout_s: float = 5.0) -> dict[str, Any]:
     import torch
 
     from common.services import free_port
-    from weight_sync.update_group import UpdateGroup, init_custom_process_group, nccl_nonblocking_options
+    from weight_sync.update_group import (
+        UpdateGroup,
+        init_custom_process_group,
+        nccl_nonblocking_options,
+    )
 
     out: dict[str, Any] = {"nonblocking": nccl_nonblocking_options() is not None,
                            "nonblocking_timeout_env": os.environ.get("TORCH_NCCL_NONBLOCKING_TIMEOUT")}

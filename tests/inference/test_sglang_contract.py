@@ -370,3 +370,32 @@ async def test_cpu_server_generate_has_sglangs_meta_info(upstream, cpu_server):
     assert meta["weight_versions"] == [{"version": meta["weight_version"], "start": 0, "end": 3}]
     assert [len(t) for t in meta["output_token_logprobs"]] == [3, 3, 3]
     assert (ended, paused, resumed) == (400, 200, 200)
+
+
+def _server_flags(upstream: Upstream) -> set[str]:
+    """Every command-line flag of the release's server: `--` + each field name of
+    srt/arg_groups/fields/ (underscores as dashes) and every alias given there."""
+    import zipfile
+
+    flags: set[str] = set()
+    with zipfile.ZipFile(upstream.path) as z:
+        members = [m for m in z.namelist() if m.startswith("sglang/srt/arg_groups/fields/") and m.endswith(".py")]
+    for member in members:
+        for node in ast.walk(upstream.tree(member)):
+            if isinstance(node, ast.ClassDef):
+                flags |= {"--" + s.target.id.replace("_", "-") for s in node.body
+                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            if isinstance(node, ast.keyword) and node.arg == "aliases" and isinstance(node.value, ast.List):
+                flags |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return flags
+
+
+def test_the_launch_flags_swarl_refuses_or_sets_are_the_releases_own(upstream):
+    from inference.sglang_launch import GROUP_BREAKING, OWN_FLAGS, SGLangLaunch, build_command
+
+    flags = _server_flags(upstream)
+    assert {"--tp-size", "--pp-size", "--dp-size"} <= flags  # the reader finds the parallel sizes
+    unknown = sorted((set(GROUP_BREAKING) | set(OWN_FLAGS)) - flags)
+    assert not unknown, f"sglang {upstream.version} has no flag {unknown}"
+    cmd = build_command(SGLangLaunch(model="m", mem_fraction=0.5, api_key="k", base_gpu_id=0, python="python"))
+    assert {a for a in cmd if a.startswith("--")} <= flags
