@@ -1,5 +1,5 @@
 # The two commands: `make demo` (swarl's main job on its embedded default) and `make test`.
-.PHONY: setup demo demo-learning learning-seeds test long chaos images fuzz lint bench bench-async bench-async-repeats clean
+.PHONY: setup demo demo-learning learning-seeds test long chaos images fuzz lint bench bench-async bench-async-repeats gpu-wheels clean
 
 setup:
 	@bash scripts/setup.sh
@@ -51,6 +51,11 @@ lint: setup
 # every benchmark but the GPU check (it needs a CUDA device; its CPU form runs in make test)
 bench: setup
 	for b in benchmarks/*.py; do [ "$$b" = benchmarks/gpu_check.py ] || .venv/bin/python $$b || exit 1; done
+
+# the wheels the GPU check carries to the GPU machine (what its image lacks: megatron-core, pydantic,
+# redis, ...; cp312 manylinux, under 60 MB) into .gpu-wheels/, ignored by git (docs/gpu.md)
+gpu-wheels: setup
+	.venv/bin/python benchmarks/gpu_check.py --wheels .gpu-wheels --python-version 3.12
 
 # asynchronous vs synchronous on swarl itself (~45 min; ARGS="--minutes 3" to shorten)
 bench-async: setup

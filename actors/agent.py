@@ -60,6 +60,7 @@ class StepRecord:
     weight_version: str
     n_omitted: int
     text: str
+    token_versions: list[int] | None = None  # per answer token, where the server gave spans
     action: str | None = None
     observation: str = ""
     returncode: int | None = None
@@ -175,19 +176,36 @@ class Agent:
         self.conv.add_answer(gen.ids, gen.logprobs, stopped)
         text = gen.text if gen.text is not None else self.enc.tok.decode(gen.ids, skip_special_tokens=True)
         rec = StepRecord(view.ids, list(gen.ids), list(gen.logprobs), self.conv.blocks[-1].closing,
-                         gen.finish, self._turn_version(gen), view.n_omitted, text, model_time=dt)
+                         gen.finish, self._turn_version(gen), view.n_omitted, text, model_time=dt,
+                         token_versions=self._token_versions(gen))
         self.steps.append(rec)
         self.messages.append({"role": "assistant", "content": text})
         return rec
 
+    def _token_versions(self, gen: Generation) -> list[int] | None:
+        """Each answer token's version from the server's spans (meta_info.weight_versions);
+        None when it gave none, or one that is not a policy version."""
+        if not self.follow_updates or gen.token_versions is None or len(gen.token_versions) != len(gen.ids):
+            return None
+        try:
+            return [int(v) for v in gen.token_versions]
+        except ValueError:
+            return None
+
     def _turn_version(self, gen: Generation) -> str:
         """The version a turn is recorded at. Pinned: the server's (checked equal to the pin).
-        In-flight: a turn's tokens were made by versions from the one the server had when the
-        turn began — at least the one it answered last — to the one it answers now (an update
-        while the request waited retracted); both are known, not the split, so the turn counts
-        as the older: a sample's staleness is never understated."""
+        In-flight: where the server says which tokens each version made (SGLang 0.5.23's
+        weight_versions spans), the oldest of them. Otherwise a turn's tokens were made by
+        versions from the one the server had when the turn began — at least the one it answered
+        last — to the one it answers now (an update while the request waited retracted); both
+        are known, not the split, so the turn counts as the older: a sample's staleness is never
+        understated."""
         if not self.follow_updates:
             return gen.weight_version
+        per_token = self._token_versions(gen)
+        if per_token:
+            self._reported = per_token[-1]
+            return str(min(per_token))
         try:
             now = int(gen.weight_version)
         except ValueError:

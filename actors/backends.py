@@ -37,7 +37,7 @@ class ServerPolicy:
         finish = (r.finish_reason or {}).get("type", "stop") if isinstance(r.finish_reason, dict) \
             else str(r.finish_reason or "stop")
         return Generation(list(r.output_ids), [float(x) for x in r.output_logprobs], finish,
-                          str(r.weight_version), r.text)
+                          str(r.weight_version), r.text, r.token_versions)
 
     async def model_info(self) -> dict[str, Any]:
         try:

@@ -181,6 +181,9 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
     # each generated token carries its turn's version (-1: not generated); a sample's
     # policy_version is its oldest trained token's, what the learner's staleness bound applies to
     turn_v = [_as_version(v, policy_version) for v in versions]
+    # per answer token: the server's spans where it gave them, else the turn's version
+    answer_v = [s.token_versions if s.token_versions is not None and len(s.token_versions) == len(s.answer_ids)
+                else [turn_v[k]] * len(s.answer_ids) for k, s in enumerate(steps)]
 
     def sample(k: int, total: int, tokens: list[int], mask: list[int], lps: list[float],
                prompt_len: int, wv: list[str], tv: list[int] | None = None) -> Sample:
@@ -216,7 +219,7 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
             out.append(sample(k, len(steps), s.prompt_ids + s.answer_ids + s.closing_ids,
                               [0] * n_p + [trained[k]] * n_a + [0] * n_c,
                               [0.0] * n_p + s.logprobs + [0.0] * n_c, n_p, versions[: k + 1],
-                              [-1] * n_p + [turn_v[k]] * n_a + [-1] * n_c))
+                              [-1] * n_p + answer_v[k] + [-1] * n_c))
         return out
     conv = ep.agent.conversation
     tokens, mask, lps = list(conv.prompt), [0] * len(conv.prompt), [0.0] * len(conv.prompt)
@@ -226,7 +229,8 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
         tokens += b.gen_prompt + b.answer + b.closing + obs
         mask += [0] * len(b.gen_prompt) + [trained[i]] * len(b.answer) + [0] * (len(b.closing) + len(obs))
         lps += [0.0] * len(b.gen_prompt) + b.logprobs + [0.0] * (len(b.closing) + len(obs))
-        tv += [-1] * len(b.gen_prompt) + [turn_v[i]] * len(b.answer) + [-1] * (len(b.closing) + len(obs))
+        av = answer_v[i] if len(answer_v[i]) == len(b.answer) else [turn_v[i]] * len(b.answer)
+        tv += [-1] * len(b.gen_prompt) + av + [-1] * (len(b.closing) + len(obs))
     return [sample(0, 1, tokens, mask, lps, len(conv.prompt), versions, tv)]
 
 

@@ -5,15 +5,20 @@
     python3 benchmarks/gpu_check.py --wheels DIR              # download the wheels to carry
     python3 benchmarks/gpu_check.py --record-from FILE        # a run's JSON into RESULTS.md
 
-It needs torch, transformers, safetensors, numpy, pyyaml and tokenizers (a bare CUDA image with
-torch has them) plus the wheels `--wheels` downloads (WHEELS: megatron-core and the small packages
-swarl's learner and inference engine import; 6 MB). On the GPU machine, from the checkout with
-the wheels folder beside it, with no index (each wheel named, none of its requirements fetched:
-torch and numpy are the image's own):
+What the GPU machine's image has was probed (DEVICE_IMAGE; docs/gpu.md "The device image"):
+torch, transformers and their requirements, but not pydantic, redis or megatron-core. Those
+travel as wheels (WHEELS, at this environment's versions, cp312 manylinux; under 60 MB):
+`make gpu-wheels` downloads them into .gpu-wheels/ (ignored by git: the device call carries it).
+On the GPU machine, from the checkout, with no index (each wheel named, none of its requirements
+fetched: torch and numpy are the image's own):
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
-    python3 benchmarks/gpu_check.py --out gpu_check.json
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu-wheels/*.whl
+    PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json
+
+Before anything else the check imports every module it needs (IMPORTS): one missing prints the
+JSON line naming it (`missing`) and exits 1, no traceback. Without a C compiler or Python.h,
+torch.compile cannot build (megatron-core's bias-dropout-add fusion goes through it on CUDA): it
+is turned off (TORCHDYNAMO_DISABLE=1, the fusion runs unfused) and the line says so (`compiler`).
 
 The model is random (Qwen3-0.6B's published shape, or inference.tiny_model's with --tiny), written
 locally as an HF checkpoint: nothing comes from a hub. docs/gpu.md "The GPU check" explains every
@@ -29,7 +34,11 @@ The checks, in order, each phase under its own time limit and the whole under --
   torch.cuda.max_memory_allocated; CPU: torch.profiler's allocator events); full must be lower;
 - publish_engine: the trained weights published (publish_tensors -> weight_sync's checkpoint,
   verified), loaded into swarl's inference engine (as /update_weights_from_disk does), bit-equal
-  there, and a generation's logprobs against the learner's on the same tokens.
+  there, and a generation's logprobs against the learner's on the same tokens;
+- weight_sync_nccl (CUDA): rank 0 of weight_sync's update group over NCCL, in a subprocess of its
+  own: a one-rank bucket counts once its kernels completed, and with a peer that never joins (a
+  server that refused or died) the lazy set-up inside the first broadcast waits, and abort()
+  ends it and rank 0's thread (the non-blocking communicator).
 
 Progress goes to stderr; stdout gets ONE JSON line with every figure and `ok` per check. Exit 0
 when every check passed, 1 when one failed (or the deadline passed), 2 on bad arguments.
@@ -81,19 +90,32 @@ SIZES = {
 }
 # Each phase's time limit in seconds (the whole run is bounded by --deadline-s as well).
 # The first forwards on CUDA also compile megatron-core's fused bias-dropout-add (torch.compile).
-LIMITS = {"model": 90, "reference": 90, "build": 150, "hf_logprobs": 120, "train": 240,
+LIMITS = {"model": 90, "reference": 90, "build": 150, "hf_logprobs": 120, "train": 240, "weight_sync_nccl": 100,
           "recompute_memory": 90, "publish_engine": 150, "recompute_full": 180}
-CHECKS = ("hf_logprobs", "train", "throughput", "recompute_memory", "publish_engine")
+CHECKS = ("hf_logprobs", "train", "throughput", "recompute_memory", "publish_engine", "weight_sync_nccl")
 
-# The wheels a bare CUDA image with torch lacks, at this environment's versions: megatron-core,
-# pydantic and its parts (the learner's and the engine's configs), redis and msgpack (learner.train
-# imports the broker's replay and wire modules), and typing-extensions (this pydantic needs a newer
-# one than an image may hold; torch takes any recent one).
+# The GPU machine's image, probed 2026-11-27 (Python 3.12.3, torch 2.11.0+cu130, transformers
+# 5.17.0; gcc and Python.h present): the distributions the check relies on it for. Absent there:
+# pydantic, pydantic-settings, redis, megatron-core, TransformerEngine, sglang.
+DEVICE_IMAGE = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "PyYAML",
+                "regex", "packaging", "tqdm", "msgpack", "filelock", "typing_extensions")
+# The wheels the image lacks, at this environment's versions: megatron-core, pydantic and its parts
+# (the learner's and the engine's configs), redis and PyJWT (learner.train imports the broker's
+# replay and wire modules), and typing-extensions (this pydantic needs a newer one than an image
+# may hold; torch takes any recent one).
 WHEELS = ("megatron-core", "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv",
-          "typing-inspection", "annotated-types", "typing-extensions", "redis", "PyJWT", "msgpack")
+          "typing-inspection", "annotated-types", "typing-extensions", "redis", "PyJWT")
+# Every module the check imports, with the distribution that brings it: checked before anything runs.
+IMPORTS = {"torch": "torch", "numpy": "numpy", "yaml": "PyYAML", "packaging": "packaging", "regex": "regex",
+           "tqdm": "tqdm", "safetensors": "safetensors", "tokenizers": "tokenizers",
+           "huggingface_hub": "huggingface_hub", "transformers": "transformers", "msgpack": "msgpack",
+           "typing_extensions": "typing-extensions", "pydantic": "pydantic",
+           "pydantic_settings": "pydantic-settings", "dotenv": "python-dotenv", "redis": "redis", "jwt": "PyJWT",
+           "megatron.core": "megatron-core"}
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 WHEELS_MAX_BYTES = 60 << 20
+WHEELS_DIR = ".gpu-wheels"
 INSTALL = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
            "{dir}/*.whl && export PYTHONPATH=/tmp/site")
 
@@ -463,6 +485,25 @@ class Check:
         self.be = None
         _free()
         rep.phase("recompute_full", self.recompute_full, fails=("recompute_memory",))
+        rep.phase("weight_sync_nccl", self.nccl, fails=("weight_sync_nccl",))
+
+    def nccl(self) -> None:
+        if not self.cuda:
+            self.report.check("weight_sync_nccl", True, skipped="NCCL needs CUDA")
+            return
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--nccl-probe"]
+        try:  # a process of its own: a set-up that abort() cannot end must not hang the run
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMITS["weight_sync_nccl"] - 10)
+        except subprocess.TimeoutExpired:
+            self.report.check("weight_sync_nccl", False, error="the probe did not end: abort() left rank 0's "
+                              "thread in the set-up or the broadcast")
+            return
+        lines = done.stdout.strip().splitlines()
+        if done.returncode or not lines:
+            self.report.check("weight_sync_nccl", False, error=f"probe exit {done.returncode}: {done.stderr[-1500:]}")
+            return
+        found = json.loads(lines[-1])
+        self.report.check("weight_sync_nccl", bool(found.pop("ok")), **found)
 
     def hf_check(self, ref: dict[str, list[Any]]) -> None:
         got = learner_logprobs(self.be, self.probes)
@@ -604,6 +645,102 @@ def _read_dir(path: Path) -> dict[str, Any]:
     return read_safetensors_dir(path)
 
 
+# -- weight_sync over NCCL ----------------------------------------------------------------------
+def nccl_probe(timeout_s: float = 5.0) -> dict[str, Any]:
+    """Rank 0 of weight_sync's update group over NCCL on this GPU (see the module doc)."""
+    import asyncio
+    from datetime import timedelta
+
+    import torch
+
+    from common.services import free_port
+    from weight_sync.update_group import (
+        UpdateGroup,
+        init_custom_process_group,
+        nccl_nonblocking_options,
+    )
+
+    out: dict[str, Any] = {"nonblocking": nccl_nonblocking_options() is not None,
+                           "nonblocking_timeout_env": os.environ.get("TORCH_NCCL_NONBLOCKING_TIMEOUT")}
+
+    def group(name: str, world: int) -> UpdateGroup:
+        g = UpdateGroup(name=name, members=[], clients=[], tp_sizes=[], backend="nccl", timeout_s=timeout_s,
+                        device="cuda:0")
+        g.pg = init_custom_process_group("nccl", f"tcp://127.0.0.1:{free_port()}", world, 0, name,
+                                         timedelta(seconds=g.group_timeout_s))
+        return g
+
+    async def run() -> None:
+        one = group("probe-one-rank", 1)
+        t0 = time.monotonic()
+        await one._thread(one._broadcast, [torch.arange(1 << 22, device="cuda", dtype=torch.float32)])
+        out["one_rank_bucket_completed_s"] = round(time.monotonic() - t0, 3)
+        await one.close()
+        absent = group("probe-absent-peer", 2)
+        fut = absent._thread(absent._broadcast, [torch.ones(1024, device="cuda")])
+        await asyncio.wait([fut], timeout=3)
+        out["waits_for_the_absent_peer"] = not fut.done()
+        t0 = time.monotonic()
+        absent._break("probe: no peer joined", fut)
+        await asyncio.wait([fut], timeout=30)
+        out["thread_ended_after_abort"] = fut.done()
+        out["ended_after_abort_s"] = round(time.monotonic() - t0, 3) if fut.done() else None
+        if fut.done() and not fut.cancelled() and fut.exception() is not None:
+            out["thread_error"] = f"{type(fut.exception()).__name__}: {fut.exception()}"[:300]
+
+    asyncio.run(run())
+    out["ok"] = bool(out["waits_for_the_absent_peer"] and out["thread_ended_after_abort"])
+    return out
+
+
+# -- before anything runs ---------------------------------------------------------------------
+def compiler() -> dict[str, Any]:
+    """Whether torch.compile can build here (a C compiler, as triton and inductor look for it, and
+    Python.h); if not, it is turned off before torch is imported."""
+    import shutil
+    import sysconfig
+
+    cc_env = os.environ.get("CC")
+    cc = shutil.which(cc_env) if cc_env else (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"))
+    header = Path(sysconfig.get_paths().get("include") or "/nonexistent") / "Python.h"
+    info: dict[str, Any] = {"cc": cc, "python_h": str(header) if header.exists() else None}
+    if cc and header.exists():
+        info["torch_compile"] = "on"
+    else:
+        os.environ["TORCHDYNAMO_DISABLE"] = "1"
+        info["torch_compile"] = ("off (TORCHDYNAMO_DISABLE=1): no " + ("C compiler" if not cc else "Python.h")
+                                 + "; megatron-core's bias-dropout-add fusion runs unfused")
+    return info
+
+
+def missing_imports() -> dict[str, str]:
+    """Each module of IMPORTS that does not import, with its distribution and why."""
+    import importlib
+
+    missing = {}
+    with contextlib.redirect_stdout(sys.stderr):  # what imports print: stdout holds the JSON line only
+        for module, dist in IMPORTS.items():
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # a missing requirement of the module, too
+                missing[module] = f"{dist}: {type(e).__name__}: {e}"[:300]
+    return missing
+
+
+def refuse(info: dict[str, Any], missing: dict[str, str], out: str | None) -> int:
+    """The one JSON line of a run that cannot start: what is missing, and where it comes from."""
+    error = f"missing imports: {', '.join(sorted(missing))}"
+    line = json.dumps({"check": "gpu_check", **info, "ok": False, "error": error, "missing": missing,
+                       "install": INSTALL.format(dir=WHEELS_DIR) + f" (after make gpu-wheels; {WHEELS_DIR} "
+                                  "carries " + ", ".join(WHEELS) + ")",
+                       "wall_s": round(time.monotonic() - _T0, 1),
+                       "checks": {c: {"ok": False, "error": f"not run: {error}"} for c in CHECKS}}, sort_keys=True)
+    print(line, flush=True)
+    if out:
+        Path(out).write_text(line + "\n")
+    return 1
+
+
 # -- wheels ---------------------------------------------------------------------------------
 def download_wheels(out: Path, python_version: str) -> int:
     """pip download (no dependencies, binary only) of WHEELS at this environment's versions, for
@@ -682,6 +819,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--record-from", metavar="FILE", help="record a run's JSON line (e.g. from a GPU machine) and exit")
     ap.add_argument("--wheels", metavar="DIR", help="download the wheels to carry to a GPU machine and exit")
     ap.add_argument("--python-version", default="3.12", help="--wheels: the GPU machine's Python")
+    ap.add_argument("--nccl-probe", action="store_true", help=argparse.SUPPRESS)  # weight_sync_nccl's process
     args = ap.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
@@ -695,8 +833,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.record_from:
         record_line(json.loads(Path(args.record_from).read_text().strip().splitlines()[-1]))
         return 0
+    if args.nccl_probe:
+        print(json.dumps(nccl_probe(), sort_keys=True), flush=True)
+        os._exit(0)  # a thread abort() did not end must not hold the exit
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the backend picks CUDA whenever it sees one
+    early = {"device": args.device, "dtype": args.dtype, "tiny": args.tiny, "python": sys.version.split()[0],
+             "compiler": compiler()}  # before torch is imported: TORCHDYNAMO_DISABLE
+    missing = missing_imports()
+    if missing:
+        return refuse(early, missing, args.out)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -704,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = Report(_versions(args), _own_stdout())
+    report = Report({**early, **_versions(args)}, _own_stdout())
     learner_fields(args)  # a bad --set exits 2 before anything runs
     progress(f"{report.info}")
 

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from common.http import NO_ANSWER, NOT_SENT, HttpClient
+from inference.weight_versions import per_token
 
 
 class InferenceError(Exception):
@@ -43,6 +44,9 @@ class GenerateResult:
     completion_tokens: int
     e2e_latency: float
     raw: dict[str, Any] = field(default_factory=dict)
+    # the version of each output token, from meta_info.weight_versions (SGLang 0.5.23's spans);
+    # None when the server sends no spans (older builds, the scripted server)
+    token_versions: list[str] | None = None
 
     @classmethod
     def from_response(cls, raw: dict[str, Any]) -> GenerateResult:
@@ -65,6 +69,7 @@ class GenerateResult:
             prompt_tokens=int(meta.get("prompt_tokens", 0) or 0),
             completion_tokens=int(meta.get("completion_tokens", len(ids)) or 0),
             e2e_latency=float(meta.get("e2e_latency", 0.0) or 0.0), raw=raw,
+            token_versions=per_token(meta.get("weight_versions"), len(ids)),
         )
 
 

@@ -30,6 +30,7 @@ from inference.membership import Membership
 from inference.openai_api import OpenAIBackend, add_openai_routes
 from inference.sampling import SamplingParams
 from inference.update_lock import OUTSIDE_SESSION, Session, UpdateLock
+from inference.weight_versions import to_meta
 
 if TYPE_CHECKING:
     from broker.config import RedisConfig
@@ -188,13 +189,17 @@ class CpuServer:
             "completion_tokens": len(r.output_ids),
             "cached_tokens": 0,
             "weight_version": r.weight_version,
+            "num_retractions": r.retractions,
             "e2e_latency": latency,
         }
+        # which tokens each version made (SGLang 0.5.23 adds them to every finished answer)
+        to_meta(meta, r.weight_versions, len(r.output_ids))
         if r.return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, t, tok.decode([t]) if text_in_logprobs else None]
                 for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)
             ]
+            meta["output_token_logprobs_length"] = len(r.output_ids)
             meta["input_token_logprobs"] = []
             meta["output_top_logprobs"] = []
             meta["input_top_logprobs"] = []
@@ -255,7 +260,7 @@ class CpuServer:
             load_into(self.engine.model, tensors, partial=False)
             self.engine.model_dir = req.model_path
             if req.weight_version is not None:
-                self.engine.weight_version = str(req.weight_version)
+                self.engine.set_weight_version(req.weight_version)
             self.engine.stats.weight_updates += 1
 
         # as SGLang: requests are aborted before the update waits for the ones in flight
@@ -353,7 +358,7 @@ class CpuServer:
         def apply() -> None:
             load_into(self.engine.model, received, partial=True)
             if req.weight_version is not None:
-                self.engine.weight_version = str(req.weight_version)
+                self.engine.set_weight_version(req.weight_version)
             self.engine.stats.weight_updates += 1
 
         try:
@@ -500,7 +505,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         def apply() -> None:
             if req.abort_all_requests:
                 eng.abort(abort_all=True, message="Aborted by update_weight_version")
-            eng.weight_version = str(req.new_version)
+            eng.set_weight_version(req.new_version)
 
         await eng.acall(apply)
         srv().version_changed.set()

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from common.logs import get_logger
 from inference.sampling import SamplingParams, sample
+from inference.weight_versions import Span, VersionEvent, spans
 
 log = get_logger("inference")
 
@@ -38,6 +39,9 @@ class GenRequest:
     stop_trim: str | None = None  # matched stop string (trimmed from text unless no_stop_trim)
     created: float = field(default_factory=time.monotonic)
     weight_version: str = ""
+    version_events: list[VersionEvent] = field(default_factory=list)  # one per version change it lived through
+    weight_versions: list[Span] = field(default_factory=list)  # set when it finishes
+    retractions: int = 0
     on_done: Callable[[GenRequest], None] | None = None
     cancelled: bool = False
 
@@ -150,6 +154,20 @@ class Engine:
         return len(self._waiting)
 
     # -- control ops (run on the worker thread via `call`) --------------------------------
+    def set_weight_version(self, new: str) -> None:
+        """The version the loaded weights are labelled with from now on. Every live request
+        that has output tokens records the change (SGLang's record_weight_version_change), so
+        its answer says which of its tokens each version made."""
+        new = str(new)
+        if new == self.weight_version:
+            return
+        with self._cv:
+            live = [*self._running, *self._waiting]
+        for r in live:
+            if r.output_ids and r.finish_reason is None:
+                r.version_events.append(VersionEvent(self.weight_version, len(r.output_ids)))
+        self.weight_version = new
+
     def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted by request") -> int:
         n = 0
         for req in list(self._running):
@@ -179,6 +197,8 @@ class Engine:
             return self.abort(abort_all=True, message="Generation paused (pause_generation).")
         if mode == "retract":
             back = [r for r in self._running if r.finish_reason is None]
+            for r in back:
+                r.retractions += 1
             self._running, self._cache, self._mask, self._pos, self._last = [], None, None, None, None
             with self._cv:
                 self._waiting.extendleft(reversed(back))
@@ -401,6 +421,7 @@ class Engine:
             return
         r.finish_reason = reason
         r.weight_version = self.weight_version  # as SGLang: the version when the answer is made
+        r.weight_versions = spans(r.version_events, self.weight_version, len(r.output_ids))
         self.stats.requests_finished += 1
         if r.on_done is not None:
             try:

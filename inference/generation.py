@@ -1,5 +1,5 @@
 """One generation as a policy answers it: the exact token ids, their logprobs, why it stopped,
-and the weight version that produced it."""
+and the weight version that produced it (per token where the server says)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,4 @@ class Generation:
     finish: str                    # stop | length | abort
     weight_version: str
     text: str | None = None        # for parsing only; never re-tokenised
+    token_versions: list[str] | None = None  # one per id (meta_info.weight_versions); None: not given

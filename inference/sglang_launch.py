@@ -40,8 +40,51 @@ class SGLangLaunch:
         return f"http://{self.host}:{self.port}"
 
 
+# Flags (SGLang 0.5.23's names and aliases, arg_groups/fields/parallel.py) whose values other
+# than 1 leave a server that swarl's weight-update group cannot serve: its workers join at
+# rank_offset + tp_rank (model_runner weight_updater), which every pipeline stage shares, and
+# init_weights_update_group asserts dp_size == 1 (tokenizer_control_mixin).
+GROUP_BREAKING = {
+    "--pp-size": "pipeline stages would join the weight-update group at the same ranks "
+                 "(rank_offset + tp_rank)",
+    "--pipeline-parallel-size": "pipeline stages would join the weight-update group at the same "
+                                "ranks (rank_offset + tp_rank)",
+    "--dp-size": "SGLang refuses distributed weight updates with data-parallel replicas "
+                 "(init_weights_update_group asserts dp_size == 1)",
+    "--data-parallel-size": "SGLang refuses distributed weight updates with data-parallel replicas "
+                            "(init_weights_update_group asserts dp_size == 1)",
+}
+# set by build_command from SGLangLaunch's fields, which the registry entry is made from
+OWN_FLAGS = {"--model-path": "model", "--model": "model", "--host": "host", "--port": "port",
+             "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size",
+             "--weight-version": "weight_version", "--api-key": "api_key",
+             "--base-gpu-id": "base_gpu_id", "--mem-fraction-static": "mem_fraction"}
+
+
+def check_extra(extra: list[str]) -> None:
+    """ValueError naming the flag when an extra SGLang argument breaks the weight-update group or
+    repeats a flag that swarl sets itself (the registered tp_size is the group's world size)."""
+    for i, arg in enumerate(extra):
+        flag, eq, value = arg.partition("=")
+        if not flag.startswith("--"):
+            continue
+        if flag in OWN_FLAGS:
+            raise ValueError(f"extra argument {flag}: set it with SGLangLaunch.{OWN_FLAGS[flag]} (the "
+                             "swarl inference sglang option of that name), not as an extra argument")
+        if flag in GROUP_BREAKING:
+            if not eq:
+                value = extra[i + 1] if i + 1 < len(extra) else ""
+            if value.strip() != "1":
+                raise ValueError(f"extra argument {flag} {value}: swarl's weight-update group cannot "
+                                 f"serve it: {GROUP_BREAKING[flag]}; run one server per replica "
+                                 "(each registers and gets a group of its own)")
+
+
 def build_command(spec: SGLangLaunch) -> list[str]:
-    """The argv of the SGLang server (token-in/token-out RL use: swarl sends input_ids)."""
+    """The argv of the SGLang server (token-in/token-out RL use: swarl sends input_ids). Extra
+    arguments that break the weight-update group, or repeat swarl's own flags, are refused
+    (check_extra)."""
+    check_extra(list(spec.extra))
     if spec.tp_size < 1:
         raise ValueError(f"--tp-size must be at least 1, got {spec.tp_size}")
     if spec.mem_fraction is not None and not 0.0 < spec.mem_fraction <= 1.0:

@@ -24,7 +24,7 @@ class WeightSyncConfig(Section):
         "its last; a server is updated once its pinned episodes have ended (draining). in-flight: "
         "a server is updated without draining (generation paused in SGLang's retract mode, the "
         "version loaded, generation continued): running episodes go on under the new weights, each "
-        "turn records the version that produced it, and the staleness bound applies to a sample's "
+        "token records the version that produced it, and the staleness bound applies to a sample's "
         "oldest trained token. See docs/weight_sync.md, 'Rollout modes'.",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
@@ -55,8 +55,10 @@ class WeightSyncConfig(Section):
     drain_timeout_action: Literal["wait", "proceed"] = Field(
         "wait",
         description="At drain_timeout_s: wait (keep waiting, logged every drain_timeout_s) or "
-        "proceed (update anyway; the episodes still pinned finish on the new version, recorded "
-        "per turn by actors, and counted in weights_episodes_version_changed).",
+        "proceed (update anyway, with generation paused around the load as in-flight mode does, so "
+        "no turn runs on a half-loaded model; the episodes still pinned are counted in "
+        "weights_episodes_version_changed, and their next answer carries the new version, which a "
+        "pinned actor refuses: weight_version_mismatch ends the episode as an infrastructure failure).",
     )
     lease_s: float = Field(
         20.0, gt=0, description="A server the coordinator drains or updates holds that state only "
@@ -81,8 +83,9 @@ class WeightSyncConfig(Section):
     )
     group_timeout_s: float = Field(
         60.0, gt=0, description="Distributed: bound on making a group and on each bucket (the "
-        "server's answer and rank 0's broadcast together); the group's own timeout is twice this, "
-        "so rank 0 gives up, and aborts the group, before NCCL's watchdog would end the learner.",
+        "server's answer and the completion of rank 0's broadcast together). A gloo group's own "
+        "timeout is this bound; an NCCL group's is twice it, so rank 0 gives up, and aborts the "
+        "group, before NCCL's watchdog would end the learner.",
     )
     begin_timeout_s: float = Field(
         60.0, gt=0, description="Distributed: bound on a server's /begin_weight_update answer (SGLang "

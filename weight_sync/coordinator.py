@@ -16,18 +16,27 @@ cost capacity, the fewest pins go first: their drain is the shortest.
 
 weight_sync.rollout_mode in-flight: no drain. A server behind is set "updating" (no new pins),
 its generation paused (PAUSE_MODE, below: its running requests wait, none is cut), the version
-loaded through the transport and checked, generation continued (on every way out, bounded).
-Episodes pinned to it go on under the new version; their actors record the version of every turn.
-max_updating and min_ready bound the servers paused at once as they bound drains.
+loaded through the transport and checked, generation continued. Episodes pinned to it go on under
+the new version; their actors record the version of every token (SGLang's weight_versions spans).
+max_updating and min_ready bound the servers paused at once as they bound drains. A pinned drain
+that times out with drain_timeout_action "proceed" pauses the same way: SGLang loads each bucket
+into the live model as it arrives, holds its writer lock per HTTP call only and labels the version
+only with the last bucket, so an episode still pinned would otherwise get turns on a half-loaded
+model that report the old version.
 
 Which transport (weight_sync/transports/): a ready server behind the version held in memory gets
 it over its distributed group; every other server (one that registers or restarts, one whose
 update failed, every server with the disk transport) loads the newest verified checkpoint; while
 nothing is published a starting server keeps its base weights. A version a transport cannot
 deliver (a checkpoint that fails verification) is refused before any server is touched and
-looked at again after retry_failed_s. A failed update leaves the server at its old version:
-"ready" with the error when the server answered that it kept its old weights, else "failed";
-either way it is tried again after retry_failed_s, and the run goes on. A server whose update
+looked at again after retry_failed_s. A failed update leaves no episode running on a mix of
+two versions. When the server answered that it kept its old weights (ServerRefused: a refused
+session, group or first bucket) it goes back to "ready" at its old version and, if it was
+paused, generation continues. Any other failure may have left some buckets loaded: the server
+is "failed", and if it was paused it stays paused (held) until it has been loaded from disk,
+which happens at the next step, or once a checkpoint is recorded (the base weights are no way
+back); generation is continued after every good load of a server that was not serving. Either
+way the run goes on. A server whose update
 over its distributed group failed (it refused, died, or was slow to begin its session; see
 weight_sync.update_group) is not given that version over the group again: it loads it from disk,
 at once if the checkpoint is recorded, else as soon as it is.
@@ -132,11 +141,13 @@ class Coordinator:
         self.attempted: dict[str, int] = {}       # server -> newest version tried (ok or not)
         self.refused: dict[tuple[str, int], tuple[float, str]] = {}  # (transport, version) -> (time, reason)
         self.meta_invalid: set[str] = set()       # servers told (logged) that they get no group
+        self.held: set[str] = set()               # paused by us; a failed load keeps them so (_paused)
         self.history: deque[UpdateResult] = deque(maxlen=1000)
         self.metrics: dict[str, float] = {
             "updates_ok": 0, "updates_failed": 0, "drain_timeouts": 0,
             "episodes_version_changed": 0, "bytes_sent": 0, "versions_refused": 0,
             "versions_deleted": 0, "servers_meta_invalid": 0, "paused_s": 0.0, "pause_max_s": 0.0,
+            "held_paused": 0,
         }
         self._wake = asyncio.Event()
         self._unseen_offer: int | None = None  # offered, not yet looked at by a step
@@ -261,6 +272,8 @@ class Coordinator:
         # "updating" here (not in flight) was left by a coordinator that died mid-update:
         # take it over like any server behind.
         transport, target = self._transport_for(s, current)
+        if transport is self.base and s.id in self.held:
+            return None  # held paused on mixed weights: only a checkpoint can bring it back
         have = s.version if s.version is not None else -1
         if s.state == "ready" and have >= target:
             return None
@@ -321,6 +334,10 @@ class Coordinator:
             if serving and not in_flight:
                 await self.servers.set_state(s.id, "draining", version=s.version, lease_s=self.cfg.lease_s)
                 result.drain_s, result.pins_at_update = await self._drain(s.id)
+            # Episodes still pinned (in-flight, or a drain that timed out with "proceed") would
+            # otherwise get turns between two buckets, on a half-loaded model: SGLang holds its
+            # writer lock per call only, and generate needs only the reader lock.
+            pause = in_flight or result.pins_at_update > 0
             async with self._loads:  # at most max_updating loads at once
                 # Draining can take long: load whatever is newest now, not what was newest then.
                 newest = await transport.newest()
@@ -334,7 +351,7 @@ class Coordinator:
                 try:
                     await self.servers.set_state(s.id, "updating", version=s.version,
                                                  lease_s=self.cfg.lease_s)
-                    async with self._paused(s.id, client, in_flight):
+                    async with self._paused(s.id, client, pause):
                         if in_flight:
                             result.pins_at_update = await self.servers.pin_count(s.id)
                         async with asyncio.timeout(self.cfg.update_timeout_s):
@@ -346,6 +363,8 @@ class Coordinator:
                     note = ""
                     if s.id in self.meta_invalid:
                         note = f"loaded from disk, not over distributed: {s.meta_error or 'no meta'}"
+                    if not serving:
+                        await self._resume(s.id, client)
                     await self.servers.set_state(s.id, "ready", version=target, error=note[:500])
                 except Exception as e:
                     await self._failed(s, transport, target, serving, result, e)
@@ -379,28 +398,61 @@ class Coordinator:
 
     @contextlib.asynccontextmanager
     async def _paused(self, sid: str, client: ServerClient, pause: bool) -> AsyncIterator[None]:
-        """In-flight mode: generation paused around the load (PAUSE_MODE, see the module doc),
-        continued on every way out. The pause is bounded by verify_timeout_s; a server that does
-        not continue within it fails the update (it would otherwise stay paused)."""
+        """Generation paused around the load (PAUSE_MODE, see the module doc) while episodes are
+        pinned to the server. Continued when the load succeeded, or failed with the server's
+        word that it kept its old weights (ServerRefused). Any other failure may have left a mix
+        of two versions in the live model (SGLang loads each bucket as it arrives, and labels
+        the version only with the last): generation stays paused (`held`, counted in
+        held_paused) until a load from disk succeeds (_resume). The pause is bounded by
+        verify_timeout_s; a server that does not continue within it fails the update."""
         if not pause:
             yield
             return
         t0 = time.monotonic()
         await asyncio.wait_for(client.pause_generation(PAUSE_MODE), self.cfg.verify_timeout_s)
-        ok = False
+        self.held.add(sid)
+        ok, resume = False, True
         try:
             yield
             ok = True
+        except ServerRefused:
+            raise
+        except BaseException:
+            resume = False
+            raise
         finally:
-            try:
-                await asyncio.shield(asyncio.wait_for(client.continue_generation(), self.cfg.verify_timeout_s))
-            except Exception as e:
-                log.error("continue_generation_failed", server=sid, error=repr(e))
-                if ok:
-                    raise RuntimeError(f"continue_generation failed after the load: {e!r}") from e
+            if resume:
+                try:
+                    await asyncio.shield(asyncio.wait_for(client.continue_generation(), self.cfg.verify_timeout_s))
+                    self.held.discard(sid)
+                except Exception as e:
+                    log.error("continue_generation_failed", server=sid, error=repr(e))
+                    if ok:
+                        raise RuntimeError(f"continue_generation failed after the load: {e!r}") from e
+            else:
+                self.metrics["held_paused"] += 1
+                log.error("generation_held_paused", server=sid,
+                          why="the update failed after weights were sent: no turn runs on a mix of "
+                              "versions; generation continues once it is loaded from disk")
             paused_s = time.monotonic() - t0
             self.metrics["paused_s"] += paused_s
             self.metrics["pause_max_s"] = max(self.metrics["pause_max_s"], paused_s)
+
+    async def _resume(self, sid: str, client: ServerClient) -> None:
+        """After a good load of a server that was not serving: continue its generation, which a
+        failed update may have left paused (this coordinator's, or a dead one's: SGLang's
+        continue_generation is harmless on a server that is not paused). Bounded; a server
+        held paused that does not continue fails the update."""
+        try:
+            await asyncio.wait_for(client.continue_generation(), self.cfg.verify_timeout_s)
+        except Exception as e:
+            if sid in self.held:
+                raise RuntimeError(f"continue_generation failed after the reload: {e!r}") from e
+            log.warning("continue_generation_failed", server=sid, error=repr(e))
+            return
+        if sid in self.held:
+            self.held.discard(sid)
+            log.info("generation_continued_after_reload", server=sid)
 
     async def _failed(self, s: ServerInfo, transport: Transport[Any], target: int, serving: bool,
                       result: UpdateResult, e: Exception) -> None:
@@ -486,6 +538,7 @@ class Coordinator:
         restarts (registers again as starting) or fails; its client goes when it leaves."""
         by_id = {s.id: s for s in servers}
         self.meta_invalid &= {s.id for s in servers if s.meta is None}
+        self.held &= {s.id for s in servers if s.state != "starting"} | set(self.in_flight)
         for sid in list(self._clients):
             if sid in self.in_flight:
                 continue

@@ -15,13 +15,22 @@ What SGLang 0.5.23 requires, and the order this module keeps:
    the session on every way out.
 2. `connect()`: /init_weights_update_group while rank 0 makes its side of the group.
 3. `send()`: per bucket, /update_weights_from_distributed (the metadata) while rank 0
-   broadcasts; SGLang answers only after it received the bucket.
+   broadcasts. SGLang loads each bucket into the live model as it arrives and takes the
+   version only with the last, so a failure after the first bucket's call went out may leave a
+   mix of two versions (anything but ServerRefused says so; the coordinator then keeps
+   generation paused until a reload from disk).
 In 2 and 3 the HTTP answers and rank 0's collective are awaited together, each bounded by
 timeout_s: the first refusal, error or timeout ends the update at once instead of leaving rank 0
-in the collective. The group is then broken: aborted (that ends an NCCL collective; a gloo one
-ends at its own timeout, timeout_s, on a thread nobody waits for) and destroyed once its thread
-is done. The process group's own timeout is twice timeout_s, so rank 0 gives up and aborts
-before NCCL's watchdog would take the learner down.
+in the collective. A bucket counts as delivered only when both are in: the server's answer, and
+rank 0's collective completed. Under gloo the two mean the same; under NCCL the server answers
+once its receive is queued (its wait() orders streams only), so rank 0 polls its own kernels'
+completion (`_broadcast`). A group given up on is broken: aborted and destroyed once its thread
+is done. gloo: the group's own timeout is timeout_s, so its set-up and every wait on rank 0's
+thread end within the bound. NCCL: the communicator is non-blocking (`nccl_nonblocking_options`),
+so abort() ends both its lazy set-up (inside the first broadcast, where it waits for the server's
+first receive) and its kernels, and rank 0's thread returns; the group's own timeout is twice
+timeout_s, so this module aborts before NCCL's watchdog (whose default action ends the learner)
+would act.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -73,10 +83,29 @@ def init_custom_process_group(
         store = c10d.PrefixStore(group_name, store)
     pg, _ = c10d._new_process_group_helper(
         world_size, rank, [], c10d.Backend(backend), store,
-        group_name=cast("c10d.GroupName", group_name), backend_options=None, timeout=timeout,
+        group_name=cast("c10d.GroupName", group_name),
+        backend_options=nccl_nonblocking_options() if backend == "nccl" else None, timeout=timeout,
     )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
+
+
+def nccl_nonblocking_options() -> Any:
+    """NCCL options for rank 0's group: a non-blocking communicator. NCCL sets its
+    communicator up lazily, inside the first collective, which waits there for every peer (an
+    SGLang server joins at its first receive); a blocking set-up cannot be ended by abort(), so a
+    server that refused or died first would leave rank 0's thread, and the group, behind for
+    good. Non-blocking, every wait of the set-up and of the collectives ends when the group is
+    aborted. None (a blocking one, logged) where this torch has no such option."""
+    try:
+        from torch.distributed import ProcessGroupNCCL
+
+        opts = ProcessGroupNCCL.Options()
+        opts.config.blocking = 0
+    except (ImportError, AttributeError) as e:
+        log.warning("nccl_nonblocking_unavailable", error=repr(e))
+        return None
+    return opts
 
 
 def destroy_process_group(pg: Any) -> None:
@@ -207,7 +236,7 @@ class UpdateGroup:
         port = free_port(self.master_address)
         init = f"tcp://{self.master_address}:{port}"
         join = self._thread(init_custom_process_group, self.backend, init, world, 0, self.name,
-                            timedelta(seconds=2 * self.timeout_s), self.prefix_store)
+                            timedelta(seconds=self.group_timeout_s), self.prefix_store)
         calls = [
             asyncio.ensure_future(c.init_weights_update_group(
                 master_address=self.master_address, master_port=port, rank_offset=off,
@@ -261,18 +290,38 @@ class UpdateGroup:
                              "update_weights_from_distributed")
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    @property
+    def group_timeout_s(self) -> float:
+        """The process group's own timeout. gloo: the bound itself, so rank 0's set-up and every
+        wait on its thread end within timeout_s. NCCL: twice the bound, so this module gives up
+        and aborts the group before NCCL's watchdog, whose default action ends the process,
+        would act."""
+        return 2 * self.timeout_s if self.backend == "nccl" else self.timeout_s
+
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         import torch.distributed as dist
 
         works = [dist.broadcast(t, 0, group=self.pg, async_op=True) for t in tensors]
-        for w in works:
-            if self.backend == "nccl":
-                # orders the stream only: the CPU does not block on a peer that never joins.
-                # The server's answer (it comes once it has received) is what is awaited, and
-                # the group is aborted, which ends the kernel, when it does not come in time.
-                w.wait()
-            else:
+        if self.backend != "nccl":
+            for w in works:
                 w.wait(timedelta(seconds=self.timeout_s))
+            return
+        # NCCL's wait() only orders streams, and an SGLang server answers once its receive is
+        # queued, not done: a bucket is delivered when rank 0's kernels have completed. Polled
+        # within the bound; past it the caller aborts the group, which ends the kernels.
+        deadline = time.monotonic() + self.timeout_s
+        while not all(w.is_completed() for w in works):
+            if self.broken:
+                raise RuntimeError(f"group {self.name} was given up while a broadcast ran")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {self.name}: the broadcast did not complete within "
+                                   f"{self.timeout_s:g}s")
+            time.sleep(0.002)
+
+    @property
+    def running(self) -> int:
+        """Rank 0's threads of this group still running (a set-up or a collective)."""
+        return sum(not t.done() for t in self._threads)
 
     def _thread(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
         fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
@@ -341,7 +390,7 @@ class UpdateGroup:
             if not collective.done():  # a join still under way: destroy what it makes
                 collective.add_done_callback(_destroy_result)
             return
-        if self.backend == "nccl":
+        if self.backend == "nccl":  # ends its set-up and kernels (a non-blocking communicator)
             with contextlib.suppress(Exception):
                 pg.abort()
         if collective.done():

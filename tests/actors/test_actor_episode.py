@@ -211,3 +211,44 @@ async def test_in_flight_turns_carry_the_oldest_version_that_may_have_made_them(
         got = s.token_versions[s.token_versions >= 0].tolist()
         assert got == [3] * (lens[0] + lens[1]) + [5] * lens[2]
         assert ((s.token_versions >= 0) == (s.loss_mask == 1)).all()
+
+
+class SpansUnderTheEpisode(GarbledFirstTurn):
+    """Answers with SGLang 0.5.23's per-token versions: turn 1 was loaded version 5 after its
+    first 4 tokens (retracted, then continued), every later token is 5's."""
+
+    def answer(self, input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> Generation:
+        gen = super().answer(input_ids, max_new_tokens, rid)
+        turn = self.locate(input_ids)[1]
+        n = len(gen.ids)
+        gen.token_versions = ["3"] * n if turn == 0 else (["3"] * 4 + ["5"] * (n - 4) if turn == 1 else ["5"] * n)
+        gen.weight_version = gen.token_versions[-1]
+        return gen
+
+
+@pytest.mark.parametrize("dynamic_history", [True, False])
+async def test_in_flight_tokens_carry_the_version_the_server_says_made_them(chatml_tokenizer, base_repo,
+                                                                           dynamic_history):
+    """Where the server gives weight_versions spans, each token gets its own version (not its
+    turn's oldest): the turn across the update is 3 for its first 4 tokens, 5 after."""
+    cfg = ActorConfig(exec_timeout_s=10, step_limit=6, dynamic_history=dynamic_history)
+    env = LocalEnv(base_repo)
+    policy = SpansUnderTheEpisode(chatml_tokenizer, "fix", "3", [INSTANCE], sleep_s=5)
+    try:
+        agent = make_agent(cfg, load_templates(), ChatEncoder(chatml_tokenizer), policy, env, JOB, 3,
+                           follow_updates=True)
+        ep = await run_episode(agent, JOB)
+    finally:
+        await env.close()
+    steps = ep.agent.steps
+    lens = [len(s.answer_ids) for s in steps]
+    assert [s.weight_version for s in steps] == ["3", "3", "5"]  # a turn counts as its oldest token
+    want = [[3] * lens[0], [3] * 4 + [5] * (lens[1] - 4), [5] * lens[2]]
+    assert [s.token_versions for s in steps] == want
+    if dynamic_history:
+        for s, w in zip(ep.samples, want, strict=True):
+            assert s.token_versions is not None and s.token_versions[s.prompt_len:][:len(w)].tolist() == w
+    else:
+        (s,) = ep.samples
+        assert s.token_versions is not None
+        assert s.token_versions[s.token_versions >= 0].tolist() == [v for w in want for v in w]

@@ -30,6 +30,8 @@ HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 API_TYPES = "sglang/api/v1/api_types.py"
 SAMPLING = "sglang/srt/sampling/sampling_params.py"
+TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
+WEIGHT_VERSIONS = "sglang/srt/utils/weight_versions.py"
 ROUTE_DECORATORS = {"get", "post", "put", "delete", "patch", "api_route"}
 
 
@@ -84,6 +86,15 @@ class Route:
     body: str | None  # the request class its JSON body is parsed into
     deprecated: bool  # still served, documented as deprecated
     gone: bool  # deprecated to a 404: not served in any useful sense
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One response a handler returns: the keys of its JSON object (None: not a dict literal,
+    e.g. plain text) and the status codes it may carry."""
+
+    keys: frozenset[str] | None
+    statuses: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -156,13 +167,80 @@ class Upstream:
 
         return {name: resolve(name) for name in own}
 
-    def dict_keys(self, member: str, function: str) -> set[str]:
-        """The string keys of the dict literals in `function` (what a handler answers with)."""
+    def function(self, member: str, function: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
         for fn in ast.walk(self.tree(member)):
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and fn.name == function:
-                return {k.value for d in ast.walk(fn) if isinstance(d, ast.Dict)
-                        for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+                return fn
         raise KeyError(f"{member}: no function {function}")
+
+    def dict_keys(self, member: str, function: str) -> set[str]:
+        """The string keys of the dict literals in `function` (what a handler answers with)."""
+        return {k for d in ast.walk(self.function(member, function)) if isinstance(d, ast.Dict)
+                for k in _str_keys(d)}
+
+    def keys_written(self, member: str, function: str, target: str) -> set[str]:
+        """The keys `function` gives the dict named `target`: `target = {...}`,
+        `target["k"] = ...` and `target.update({...})`."""
+        keys: set[str] = set()
+        for node in ast.walk(self.function(member, function)):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if _named(t, target) and isinstance(node.value, ast.Dict):
+                        keys |= _str_keys(node.value)
+                    if isinstance(t, ast.Subscript) and _named(t.value, target) \
+                            and isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
+                        keys.add(t.slice.value)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                    and _named(node.func.value, target) and node.args and isinstance(node.args[0], ast.Dict):
+                keys |= _str_keys(node.args[0])
+        return keys
+
+    def answers(self, member: str, function: str) -> list[Answer]:
+        """Every `...Response(content, status_code=...)` the handler returns: the content's keys
+        (a dict literal, or a name assigned one in the handler) and its status codes."""
+        fn = self.function(member, function)
+        named: dict[str, frozenset[str]] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        named[t.id] = frozenset(_str_keys(node.value))
+        out = []
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and ast.unparse(call.func).endswith("Response")):
+                continue
+            kw = {k.arg: k.value for k in call.keywords}
+            content = call.args[0] if call.args else kw.get("content")
+            keys = None
+            if isinstance(content, ast.Dict):
+                keys = frozenset(_str_keys(content))
+            elif isinstance(content, ast.Name):
+                keys = named.get(content.id)
+            status = kw.get("status_code")
+            out.append(Answer(keys, frozenset(_statuses(status)) if status is not None else frozenset({200})))
+        return out
+
+
+def _str_keys(d: ast.Dict) -> set[str]:
+    return {k.value for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def _named(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _statuses(node: ast.expr) -> set[int]:
+    """The status codes an expression may be: 200, HTTPStatus.OK, `a if c else b`."""
+    from http import HTTPStatus
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return {node.value}
+    if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "HTTPStatus":
+        return {HTTPStatus[node.attr].value}
+    if isinstance(node, ast.IfExp):
+        return _statuses(node.body) | _statuses(node.orelse)
+    raise ValueError(f"status code {ast.unparse(node)!r}: not a literal this reader knows")
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:

@@ -41,6 +41,29 @@ def test_command_has_the_flags_swarl_needs():
         build_command(SGLangLaunch(model="m", mem_fraction=1.5))
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    (["--pp-size", "2"], "--pp-size 2"), (["--pipeline-parallel-size=4"], "--pipeline-parallel-size 4"),
+    (["--dp-size", "2"], "--dp-size 2"), (["--data-parallel-size=2"], "--data-parallel-size 2"),
+    (["--tp-size", "2"], "--tp-size"), (["--tensor-parallel-size=2"], "--tensor-parallel-size"),
+    (["--weight-version", "3"], "--weight-version"), (["--model", "/other"], "--model"),
+])
+def test_extra_flags_the_weight_update_group_cannot_serve_are_refused_by_name(extra, named):
+    with pytest.raises(ValueError, match=f"extra argument {named}"):
+        build_command(SGLangLaunch(model="m", python="python", extra=["--log-level", "info", *extra]))
+    # a size of 1 is what the group serves; other flags pass through untouched
+    ok = build_command(SGLangLaunch(model="m", python="python",
+                                    extra=["--pp-size", "1", "--dp-size=1", "--enable-metrics"]))
+    assert ok[-4:] == ["--pp-size", "1", "--dp-size=1", "--enable-metrics"]
+
+
+def test_cli_refuses_a_pipeline_parallel_extra_naming_the_flag():
+    bad = subprocess.run([sys.executable, "-m", "swarl.cli", "inference", "launch-sglang", "--model", "/m",
+                          "--extra=--pp-size", "--extra=2"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert bad.returncode == 2, bad.stdout
+    assert "extra argument --pp-size 2: swarl's weight-update group cannot serve it" in bad.stderr
+
+
 @pytest.mark.parametrize("flag", ["--tp-size", "--tp"])
 def test_cli_prints_the_command_and_hides_the_key(flag):
     res = subprocess.run([sys.executable, "-m", "swarl.cli", "inference", "launch-sglang", "--model", "/m", "--port",

@@ -1,9 +1,11 @@
 """The GPU check (benchmarks/gpu_check.py) runs here on CPU with the tiny model, so it cannot rot
 between the sessions that are lent a GPU.
 
-It runs as it would on a bare CUDA machine: `python -S` (no site-packages) over a folder that
-holds only torch, transformers and what they require, plus the packages the script's --wheels
-carries (gpu_check.WHEELS). An import the script gains that is neither fails here.
+It runs as it will meet the GPU machine: `python -S` (no site-packages) over a folder that holds
+only what that machine's image was probed to have (gpu_check.DEVICE_IMAGE, with what those
+require), plus the packages `make gpu-wheels` carries (gpu_check.WHEELS). An import the script
+gains that is neither fails here. Without transformers (or PyYAML) the script prints one JSON line
+naming what is missing, and no traceback; without a C compiler it turns torch.compile off and says so.
 """
 
 from __future__ import annotations
@@ -24,9 +26,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-# what a CUDA image with torch has (transformers and its tokenizers and safetensors included)
-BARE = ("torch", "transformers", "safetensors", "numpy", "pyyaml")
-
 
 def _requirements(name: str, seen: set[str]) -> None:
     """`name` and everything it requires (extras left out), by distribution name."""
@@ -44,12 +43,14 @@ def _requirements(name: str, seen: set[str]) -> None:
             _requirements(req.name, seen)
 
 
-def bare_site(into: Path) -> Path:
-    """A folder of links to the files of BARE's closure and of gpu_check.WHEELS (not theirs)."""
+def bare_site(into: Path, without: tuple[str, ...] = ()) -> Path:
+    """A folder of links to the files of DEVICE_IMAGE's closure and of gpu_check.WHEELS (not
+    theirs), less the distributions `without`."""
     names: set[str] = set()
-    for b in BARE:
+    for b in gpu_check.DEVICE_IMAGE:
         _requirements(b, names)
     names |= {w.lower() for w in gpu_check.WHEELS}
+    names -= {w.lower() for w in without}
     into.mkdir()
     for name in sorted(names):
         dist = distribution(name)
@@ -62,9 +63,10 @@ def bare_site(into: Path) -> Path:
     return into
 
 
-def run_check(tmp_path: Path, *args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], dict]:
-    site = bare_site(tmp_path / "site")
-    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONUNBUFFERED": "1"}
+def run_check(tmp_path: Path, *args: str, timeout: float = 150, without: tuple[str, ...] = (),
+              env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    site = bare_site(tmp_path / "site", without)
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run([sys.executable, "-S", str(SCRIPT), "--device", "cpu", "--tiny", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
@@ -80,6 +82,8 @@ def test_gpu_check_passes_on_cpu_with_the_tiny_model(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == line
     c = line["checks"]
     assert set(c) == set(gpu_check.CHECKS)
+    assert c["weight_sync_nccl"] == {"ok": True, "skipped": "NCCL needs CUDA"}
+    assert line["compiler"]["torch_compile"] == "on" and line["compiler"]["python_h"]
     assert line["device"] == "cpu" and line["dtype"] == "bf16" and line["megatron_core"]
     hf = c["hf_logprobs"]
     assert 0 < hf["max_abs_diff"] <= hf["tolerance"]["max"] and hf["hf_bf16_vs_fp32"]["tokens"] == hf["tokens"]
@@ -111,3 +115,25 @@ def test_a_failed_check_fails_the_run(tmp_path: Path) -> None:
     assert proc.returncode == 1 and not line["ok"]
     assert not line["checks"]["train"]["ok"] and line["checks"]["train"]["matrices_changed"].startswith("0/")
     assert line["checks"]["hf_logprobs"]["ok"] and line["checks"]["publish_engine"]["ok"]
+
+
+@pytest.mark.parametrize(("lacking", "module"), [("transformers", "transformers"), ("PyYAML", "yaml")])
+def test_a_missing_import_is_one_json_line_naming_it(tmp_path: Path, lacking: str, module: str) -> None:
+    # and no C compiler: torch.compile is turned off before torch is imported, and the line says so
+    out = tmp_path / "check.json"
+    proc, line = run_check(tmp_path, "--out", str(out), without=(lacking,), env={"CC": "/nonexistent/cc"},
+                           timeout=120)
+    assert proc.returncode == 1 and not line["ok"]
+    assert module in line["missing"] and line["missing"][module].startswith(lacking)
+    assert line["error"].startswith("missing imports: ") and module in line["error"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert set(line["checks"]) == set(gpu_check.CHECKS) and not any(c["ok"] for c in line["checks"].values())
+    assert gpu_check.WHEELS_DIR in line["install"]
+    assert line["compiler"]["cc"] is None and line["compiler"]["torch_compile"].startswith("off (TORCHDYNAMO_DISABLE=1)")
+    assert json.loads(out.read_text()) == line
+
+
+def test_what_the_check_imports_is_in_the_image_or_carried() -> None:
+    """IMPORTS names a distribution the device image has or WHEELS carries, for every module."""
+    known = {d.lower().replace("_", "-") for d in (*gpu_check.DEVICE_IMAGE, *gpu_check.WHEELS)}
+    assert {d.lower().replace("_", "-") for d in gpu_check.IMPORTS.values()} <= known
