@@ -24,19 +24,33 @@ timeout_s: the first refusal, error or timeout ends the update at once instead o
 in the collective. A bucket counts as delivered only when both are in: the server's answer, and
 rank 0's collective completed. Under gloo the two mean the same; under NCCL the server answers
 once its receive is queued (its wait() orders streams only), so rank 0 polls its own kernels'
-completion (`_broadcast`). A group given up on is broken: aborted and destroyed once its thread
-is done. gloo: the group's own timeout is timeout_s, so its set-up and every wait on rank 0's
-thread end within the bound. NCCL: the communicator is non-blocking (`nccl_nonblocking_options`),
-so abort() ends both its lazy set-up (inside the first broadcast, where it waits for the server's
-first receive) and its kernels, and rank 0's thread returns; the group's own timeout is twice
-timeout_s, so this module aborts before NCCL's watchdog (whose default action ends the learner)
-would act.
+completion (`_broadcast`). A group given up on is broken: its teardown (NCCL: abort(), then
+destroy) runs on a thread of its own once rank 0's thread is done, never on the event loop, and
+counts in `running` until it ends.
+
+What bounds rank 0's thread. gloo: the group's own timeout is timeout_s, so its set-up and every
+wait end within the bound. NCCL: the communicator is set up lazily, inside the first broadcast,
+where it waits for the server's first receive. With a blocking communicator that wait is inside
+NCCL's init, which nothing bounds or ends. The communicator is therefore non-blocking
+(`nccl_nonblocking_options`): torch (2.11, NCCLUtils.cpp NCCLComm::getNcclComm -> waitReady)
+then polls the set-up while holding the communicator's lock, until it is ready or
+TORCH_NCCL_NONBLOCKING_TIMEOUT seconds have passed, and raises. abort() does not end that wait:
+NCCLComm::abort takes the same lock, so it waits behind it, and ProcessGroupNCCL::abort blocks
+its caller until then (it waits for its own abort thread). That timeout is the set-up's only
+bound, and torch reads it once per process, at the first NCCL operation: `nccl_setup_bound` sets
+it to the group's bound unless the user did, and must run before the process's first NCCL
+operation (a learner that trains over NCCL calls it at start; UpdateGroup calls it too, which
+is in time only in a process that has not used NCCL yet). Torch counts whole seconds, so rank 0's
+thread ends about a second past timeout_s. After the set-up, kernels that stall are polled
+within the bound and ended by the abort. The group's own timeout is twice timeout_s, so this
+module gives up before NCCL's watchdog (whose default action ends the learner) would act.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -93,10 +107,12 @@ def init_custom_process_group(
 def nccl_nonblocking_options() -> Any:
     """NCCL options for rank 0's group: a non-blocking communicator. NCCL sets its
     communicator up lazily, inside the first collective, which waits there for every peer (an
-    SGLang server joins at its first receive); a blocking set-up cannot be ended by abort(), so a
-    server that refused or died first would leave rank 0's thread, and the group, behind for
-    good. Non-blocking, every wait of the set-up and of the collectives ends when the group is
-    aborted. None (a blocking one, logged) where this torch has no such option."""
+    SGLang server joins at its first receive). Blocking, that wait is inside NCCL's init and
+    nothing bounds or ends it, so a server that refused or died first would leave rank 0's
+    thread, and the group, behind for good. Non-blocking, torch polls the set-up and gives up
+    after TORCH_NCCL_NONBLOCKING_TIMEOUT seconds (`nccl_setup_bound`; abort() does not end that
+    wait, see the module doc). None (a blocking one, logged) where this torch has no such
+    option."""
     try:
         from torch.distributed import ProcessGroupNCCL
 
@@ -106,6 +122,46 @@ def nccl_nonblocking_options() -> Any:
         log.warning("nccl_nonblocking_unavailable", error=repr(e))
         return None
     return opts
+
+
+NONBLOCKING_TIMEOUT_ENV = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
+
+
+def nccl_setup_bound(timeout_s: float) -> int:
+    """Bound the lazy set-up of rank 0's non-blocking NCCL communicator at timeout_s: set
+    TORCH_NCCL_NONBLOCKING_TIMEOUT (whole seconds, at least 1) unless it is set already, and
+    return the bound in force. Torch reads the variable into a static at the process's first
+    NCCL operation (NCCLUtils.cpp nccl_nonblocking_timeout(); its default is 1800 s), so this
+    must run before any, training's included: later it changes nothing (logged when the
+    process already has an NCCL group). The variable bounds every non-blocking wait of the
+    process; blocking communicators (torch's default for training) never wait on it."""
+    want = max(1, math.ceil(timeout_s))
+    cur = os.environ.get(NONBLOCKING_TIMEOUT_ENV, "").strip()
+    if cur:
+        try:
+            have = int(cur)
+        except ValueError:
+            log.warning("nccl_setup_bound_unreadable", value=cur)
+            return want
+        if have > want:
+            log.warning("nccl_setup_bound_above_the_group_bound", env=NONBLOCKING_TIMEOUT_ENV,
+                        value=have, group_timeout_s=timeout_s)
+        return have
+    os.environ[NONBLOCKING_TIMEOUT_ENV] = str(want)
+    if _nccl_in_use():
+        log.warning("nccl_setup_bound_maybe_late", env=NONBLOCKING_TIMEOUT_ENV, value=want,
+                    why="this process already has an NCCL group: torch may have read the variable "
+                        "(default 1800 s); call nccl_setup_bound before its first NCCL operation")
+    return want
+
+
+def _nccl_in_use() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()))
+    except Exception:
+        return False
 
 
 def destroy_process_group(pg: Any) -> None:
@@ -229,6 +285,10 @@ class UpdateGroup:
     broken: str = ""
     _threads: set[asyncio.Future[Any]] = field(default_factory=set, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.backend == "nccl":  # in time only if the process has not used NCCL yet (module doc)
+            nccl_setup_bound(self.timeout_s)
+
     async def connect(self) -> None:
         """Every server's /init_weights_update_group runs while rank 0 joins (SGLang's order);
         a server that refuses ends the join at once (ServerRefused)."""
@@ -320,7 +380,8 @@ class UpdateGroup:
 
     @property
     def running(self) -> int:
-        """Rank 0's threads of this group still running (a set-up or a collective)."""
+        """Rank 0's threads of this group still running: a set-up, a collective, or the
+        group's teardown (abort and destroy, once the collective's thread is done)."""
         return sum(not t.done() for t in self._threads)
 
     def _thread(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
@@ -376,31 +437,19 @@ class UpdateGroup:
                 raise ServerRefused(f"server {member}: {what}: {_why(c.result())}")
 
     def _break(self, why: str, collective: asyncio.Future[Any]) -> None:
-        """Give up on the group: abort it (ends an NCCL collective in flight) and destroy it
-        once rank 0's thread is done (a gloo collective ends at its own timeout)."""
+        """Give up on the group: its teardown (NCCL: abort, which ends kernels in flight; then
+        destroy) runs on a thread once rank 0's thread is done. Nothing here blocks: torch's
+        abort() waits for a set-up still polling (module doc)."""
         if not self.broken:
             self.broken = why
             log.warning("group_broken", group=self.name, why=why[:300])
-        pg = self.pg
-        if pg is None and collective.done() and not collective.cancelled() \
-                and collective.exception() is None:
-            pg = collective.result()  # joined just as a server refused
-        self.pg = None
-        if pg is None:
-            if not collective.done():  # a join still under way: destroy what it makes
-                collective.add_done_callback(_destroy_result)
-            return
-        if self.backend == "nccl":  # ends its set-up and kernels (a non-blocking communicator)
-            with contextlib.suppress(Exception):
-                pg.abort()
-        if collective.done():
-            _destroy_later(pg)
-        else:
-            collective.add_done_callback(lambda _f: _destroy_later(pg))
+        pg, self.pg = self.pg, None
+        self._teardown(pg, after=collective, abort=True)
 
     async def close(self) -> bool:
-        """Destroy the group on the servers (bounded, best effort: one may be gone) and here;
-        True when every server answered (destroyed, or never had it)."""
+        """Destroy the group on the servers (bounded, best effort: one may be gone) and here
+        (after any collective still on rank 0's thread; waited for up to timeout_s, else left
+        to finish on its thread); True when every server answered (destroyed, or never had it)."""
         res = await asyncio.gather(*[
             asyncio.wait_for(c.destroy_weights_update_group(group_name=self.name), 10)
             for c in self.clients], return_exceptions=True)
@@ -413,27 +462,41 @@ class UpdateGroup:
         if self.pg is not None:
             pg, self.pg = self.pg, None
             busy = [t for t in self._threads if not t.done()]
-            if busy:  # a collective still on its thread: destroy after it
-                busy[0].add_done_callback(lambda _f: _destroy_later(pg))
-            else:
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(destroy_process_group, pg), self.timeout_s)
-                except TimeoutError:  # left to finish on its thread
-                    log.warning("destroy_group_slow", group=self.name, timeout_s=self.timeout_s)
+            done, _ = await asyncio.wait([self._teardown(pg, after=busy[0] if busy else None, abort=False)],
+                                         timeout=self.timeout_s)
+            if not done:
+                log.warning("destroy_group_slow", group=self.name, timeout_s=self.timeout_s)
         return answered
 
+    def _teardown(self, pg: Any, after: asyncio.Future[Any] | None, abort: bool) -> asyncio.Future[Any]:
+        """Abort (NCCL, when `abort`) and destroy `pg` on a thread, once `after` (rank 0's
+        thread) is done; with no `pg`, what `after` makes (a join still under way). Tracked in
+        `running` from now until it ends."""
+        async def run() -> None:
+            if after is not None:
+                await asyncio.wait([after])
+            target = pg
+            if target is None and after is not None and not after.cancelled() and after.exception() is None:
+                target = after.result()  # joined as it was given up on
+            if target is not None:
+                await asyncio.to_thread(self._abort_and_destroy, target, abort)
 
-def _destroy_later(pg: Any) -> None:
-    """Destroy `pg` off the event loop, without waiting (called from done callbacks)."""
-    loop = asyncio.get_event_loop()
-    loop.run_in_executor(None, destroy_process_group, pg)
+        fut = asyncio.ensure_future(run())
+        self._threads.add(fut)
+        fut.add_done_callback(self._threads.discard)
+        fut.add_done_callback(_retrieved)
+        return fut
+
+    def _abort_and_destroy(self, pg: Any, abort: bool) -> None:
+        if abort and self.backend == "nccl":
+            try:
+                pg.abort()
+            except Exception as e:
+                log.warning("group_abort_failed", group=self.name, error=repr(e)[:300])
+        destroy_process_group(pg)
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("group_thread_failed", error=repr(fut.exception()))
 
-
-def _destroy_result(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is None and fut.result() is not None:
-        _destroy_later(fut.result())
