@@ -105,24 +105,26 @@ def _microbatches(items: list[TrainItem], cfg: LearnerConfig) -> list[MicroBatch
             if mb.targets.numel() > 0]
 
 
-def proximal_pass(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig) -> None:
-    """Each item's prox_logp: the policy before the step's first update (no grad)."""
-    for mb in _microbatches(items, cfg):
+def proximal_pass(backend: TrainBackend, mbs: list[MicroBatch]) -> None:
+    """The policy before the step's first update (no grad), on each micro-batch (prox_logp) and
+    its items (for a backend that re-lays a micro-batch out from its items)."""
+    for mb in mbs:
         with torch.no_grad():
-            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu().numpy()
+            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
+        mb.prox_logp = lp
         off = 0
         for it in mb.items:  # slots in sample order, one per token that carries loss
             pos = slot_positions(it)
             it.prox_logp = np.zeros(len(it.tokens), dtype=np.float32)
-            it.prox_logp[1:][pos] = lp[off:off + len(pos)]
+            it.prox_logp[1:][pos] = lp[off:off + len(pos)].numpy()
             off += len(pos)
 
 
-def update_kl(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig, n_minibatches: int) -> float:
+def update_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int) -> float:
     """How far the step's updates moved the policy on the batch's sampled tokens: k3 of
     KL(prox || new) after the last update, weighted as the loss is (this rank's share)."""
     total = 0.0
-    for mb in _microbatches(items, cfg):
+    for mb in mbs:
         assert mb.prox_logp is not None
         with torch.no_grad():
             lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
@@ -141,11 +143,12 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     parts = by_minibatch(items)
     updates = len(parts) * cfg.epochs
     single = updates == 1
-    if not single or cfg.update_kl:  # the proximal policy's logprobs, before any update moves it
-        proximal_pass(backend, items, cfg)
     mbs_of = [_microbatches(p, cfg) for p in parts]
     if not any(mbs_of):
         raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
+    every_mb = [mb for mbs in mbs_of for mb in mbs]
+    if not single or cfg.update_kl:  # the proximal policy's logprobs, before any update moves it
+        proximal_pass(backend, every_mb)
 
     def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
                 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -183,16 +186,15 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             if per_update is not None:
                 per_update.append({**upd, **out})
     if cfg.update_kl:
-        sums["update_kl"] = update_kl(backend, items, cfg, len(parts))
-    for mbs in mbs_of:
-        for mb in mbs:
-            sums["tokens"] += mb.n_tokens
-            sums["positions"] += mb.n_positions
-            sums["loss_tokens"] += float((mb.loss_mask * (mb.tok_w > 0)).sum())  # not an idle rank's
+        sums["update_kl"] = update_kl(backend, every_mb, len(parts))
+    for mb in every_mb:
+        sums["tokens"] += mb.n_tokens
+        sums["positions"] += mb.n_positions
+        sums["loss_tokens"] += float((mb.loss_mask * (mb.tok_w > 0)).sum())  # not an idle rank's
     dt = time.perf_counter() - t0
     return {**sums, "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(max(grad_norms)),
             "lr": lr, "imp_weight_max": w_max, "updates": float(updates),
-            "microbatches": float(sum(len(m) for m in mbs_of) * cfg.epochs), "step_time_s": dt,
+            "microbatches": float(len(every_mb) * cfg.epochs), "step_time_s": dt,
             "tokens_per_s": sums["tokens"] / dt if dt > 0 else 0.0, "samples": float(len(items))}
 
 
