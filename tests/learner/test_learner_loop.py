@@ -252,6 +252,39 @@ async def test_a_step_waits_for_a_running_episode_it_would_leave_behind_while_no
     await r.aclose()
 
 
+async def test_a_step_waits_for_a_member_of_a_group_it_would_train_without_it(cfg, keys, small_model_dir,
+                                                                             tmp_path) -> None:
+    """At max_staleness 1 and version 1, group g has two episodes of version 0 done (this step is
+    their last chance: it trains them, salvaged) and its third still running, from version 1: not
+    stale itself, but the step would train g without it and the actors would stop it. With
+    nothing waiting on the learner the step waits for it (the old grace looked at versions only)."""
+    from broker.running import RunningEpisodes
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, n_samples_per_prompt=3)
+    cfg.admission.max_staleness, cfg.admission.batch_size = 1, 3
+    r = connect(cfg.redis.url)
+    writer, running = ReplayWriter(r, keys), RunningEpisodes(r, keys)
+    await run_figures(r, keys)
+    member = f"{keys.run}:g:s2"
+    assert keys.group_of(member) == "g"
+    await running.add(member, 1)
+    await running.refresh([member], {member: 400})
+    await writer.add([make_sample("a", i, version=1) for i in range(3)]  # a batch
+                     + [make_sample("g", i, version=0) for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                              cfg.learner), None, LearnerState(step=1, version=1))
+    task = asyncio.create_task(learner.run())
+    await asyncio.sleep(2.0)
+    assert learner.state.step == 1, "stepped: g trained without its running member"
+    assert (await r.hget(keys.learner_state, "hold_at_risk")) == b"1"
+    await writer.add([make_sample("g", 2, version=1)])
+    await running.remove(member)
+    state = await asyncio.wait_for(task, 60)
+    # g whole (its version-0 episodes first, at their last chance), then a
+    assert (state.step, state.trained_samples) == (3, 6) and not learner.asm.dropped
+    await r.aclose()
+
+
 async def test_a_step_does_not_wait_when_actors_are_blocked_behind_it(cfg, keys, small_model_dir,
                                                                     tmp_path) -> None:
     """The same straggler, but admission is full while an actor has 7 of its 8 slots idle and
