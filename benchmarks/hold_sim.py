@@ -67,7 +67,7 @@ class Opts:
     overhead_s: float = 0.5
     step_s: float = 3.0
     pin_lag_s: float = 0.0  # pinned: an episode pins a server up to this far behind the newest
-    policy: str = "rule"  # none | grace:<s> | rule
+    policy: str = "rule"  # none | grace:<s> | rule | rule:<straggler_worth>
     seed: int = 0
     turns_median: float = 3.0
     turns_sigma: float = 0.35
@@ -289,7 +289,8 @@ class Sim:
                 tokens_per_slot_s=self.gen_tokens / self.slot_busy if self.slot_busy else 0.0,
                 slots=self.o.slots, generating=generating, admission_free=max(0, self.cap() - self.started),
                 queued=10**6, backlog=n_ready >= 2 * self.o.batch, held_s=held)
-            go = decide(inp).hold
+            worth = float(self.o.policy.partition(":")[2] or 1.0)  # rule:<learner.straggler_worth>
+            go = decide(inp, worth=worth).hold
         if go and self.hold_since is None:
             self.hold_since = self.t
         return go
@@ -376,7 +377,8 @@ def ideal(delays: list[float], batch: int, draws: int = 20000, seed: int = 0) ->
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--eta", type=int, default=2)
-    p.add_argument("--policies", default="none,grace:60,rule")
+    p.add_argument("--policies", default="none,grace:60,rule,rule:2,rule:4",
+                   help="none, grace:<s> (a fixed grace), rule[:<learner.straggler_worth>]")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--minutes", type=float, default=60.0, help="simulated minutes per run")
     p.add_argument("--grading-s", type=float, default=1.0)
@@ -413,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
              f"simulated minutes per setting, grading {a.grading_s:g} s, overrides {base}; the async_vs_sync "
              "latency profile; pin lag 20 s stands for pinned mode (a pin can take a server behind the newest), "
              "0 for in-flight. The hold: none, a fixed grace (the old learner.straggler_grace_s 60), or "
-             "learner.hold's rule (the code the learner runs). The measured figures are async_vs_sync's "
-             "and async_vs_sync_modes'.")
+             "learner.hold's rule (the code the learner runs; rule:k with learner.straggler_worth k). The "
+             "measured figures are async_vs_sync's and async_vs_sync_modes'.")
     from _record import markdown_table, record
 
     md = markdown_table(headers, table)
