@@ -75,7 +75,6 @@ class Learner:
         self._holding = 0  # running episodes the held step waits for (learner_state `holding`)
         self._hold_dec = HoldDecision(False, "none")
         self._hold_at_risk = 0  # episodes the step would leave behind, at its latest decision
-        self._waited_s = 0.0
         self._step_hold: dict[str, Any] = {}  # the last step's hold figures (its metrics)
         self.asm = Assembler(
             n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
@@ -179,6 +178,8 @@ class Learner:
         out: list[tuple[str | None, Running]] = []
         for r in running:
             gid = self.keys.group_of(r.job_id)
+            if gid is not None and gid in self.asm.closed_groups:
+                continue  # its group was decided already: the actors stop it, whatever the step
             salvaged = gid in stake and stake[gid] is None
             if r.version <= v - self.rt.admission.max_staleness or salvaged:
                 out.append((gid, r))
@@ -224,13 +225,13 @@ class Learner:
 
     def _end_hold(self) -> None:
         """A step is taken: how long it waited, and why it went (for its metrics)."""
-        self._waited_s = time.monotonic() - self._hold_since if self._hold_since is not None else 0.0
+        waited = time.monotonic() - self._hold_since if self._hold_since is not None else 0.0
         d = self._hold_dec
         if self._hold_since is not None:
-            log.info("step_after_hold", version=self.state.version, waited_s=round(self._waited_s, 2),
+            log.info("step_after_hold", version=self.state.version, waited_s=round(waited, 2),
                      left_behind=self._hold_at_risk, **d.metrics())
         self._step_hold = {
-            "straggler_wait_s": round(self._waited_s, 3),  # this step held for running episodes
+            "straggler_wait_s": round(waited, 3),  # this step held for running episodes
             "hold/left_behind": self._hold_at_risk,  # running episodes it left (stopped, dropped)
             **{f"hold/{k}": v for k, v in d.metrics().items() if k != "decision"}}
         self._hold_since, self._holding, self._hold_at_risk = None, 0, 0
