@@ -57,10 +57,11 @@ class Rollouts:
         instance = os.environ.get("SWARL_ACTOR_INSTANCE")
         self.actor_id = actor_id or f"{socket.gethostname()}:{instance or os.getpid()}"
         self.admission = Admission(redis, self.keys, rt.admission)
-        # this process's running episodes (job ids), listed in Redis with their version at pin
-        # for the learner's straggler grace and refreshed by the version poll while they run
+        # this process's running episodes (job id -> its policy, for the tokens so far), listed
+        # in Redis with their version at pin for the learner's hold rule (learner.hold) and
+        # refreshed by the version poll while they run
         self.running_eps = RunningEpisodes(redis, self.keys)
-        self._listed: set[str] = set()
+        self._listed: dict[str, ServerPolicy] = {}
         self.servers = ServerRegistry(redis, self.keys)
         self.policies = PolicyRegistry(redis, self.keys)
         self.writer = ReplayWriter(redis, self.keys, batch=rt.write_batch)
@@ -172,7 +173,7 @@ class Rollouts:
         # without any (masked samples, a last try's error) gives its admission slot back, so at
         # max_staleness 0 another rollout of the same version takes its place in the batch; one
         # that arq will run again (retried) keeps it for that try
-        admitted = trainable = retried = False
+        admitted = trainable = retried = ended = False
         server = policy = None
         written, waste = 0, "infra"  # generated tokens in trainable samples; the rest's cause
         t_busy = 0.0
@@ -201,10 +202,12 @@ class Rollouts:
                 with contextlib.suppress(Exception):
                     await self.servers.unpin(pinned.id, pin_id)
                 slot.give()  # the next episode generates while this one grades
+                with contextlib.suppress(Exception):  # the learner weighs a grading one as near done
+                    await self.running_eps.last_turn(job.job_id)
 
             if not admitted:  # its group was closed before it started
                 return await self._abandoned(job, policy, version, slot.busy_s(t_busy), "group_closed")
-            await self._list_running(job.job_id, version)
+            await self._list_running(job.job_id, version, policy)
             ep, stopped = await self._unless_stale(version, job.group_id, self.episodes.run(
                 job, policy, version, on_generated=let_go, meta={
                     "server": server.url, "server_id": server.id, "policy_version": version,
@@ -213,6 +216,7 @@ class Rollouts:
                 waste = "stale_stopped" if stopped == "stale" else stopped
                 return await self._abandoned(job, policy, version, slot.busy_s(t_busy), stopped)
             await self.writer.add(ep.samples, done_job=job.job_id)
+            ended = True  # ran to its end (its duration counts in broker.running's record)
             trainable = not ep.masked
             written, waste = (0, "masked") if ep.masked else \
                 (sum(s.generated_tokens for s in ep.samples), "unsampled")
@@ -265,7 +269,7 @@ class Rollouts:
             slot.give()
             stop_renewing.set()
             if job.job_id in self._listed:  # after its samples were written: the learner reads them
-                await asyncio.shield(self._unlist_running(job.job_id))
+                await asyncio.shield(self._unlist_running(job.job_id, ended))
             if policy is not None:
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(self._count_tokens(policy.generated, written, waste))
@@ -337,24 +341,24 @@ class Rollouts:
         if self._version_poll is None:
             self._version_poll = asyncio.create_task(self._poll_version())
 
-    async def _list_running(self, job_id: str, version: int) -> None:
-        """The episode runs from `version` on (broker.running): a learner with
-        learner.straggler_grace_s holds a step that would make it stale. A Redis blip only costs
-        that grace."""
-        self._listed.add(job_id)
+    async def _list_running(self, job_id: str, version: int, policy: ServerPolicy) -> None:
+        """The episode runs from `version` on (broker.running): the learner may hold a step
+        that would make it stale (learner.hold). A Redis blip only costs that hold."""
+        self._listed[job_id] = policy
         self._start_polling()
         with contextlib.suppress(Exception):
             await self.running_eps.add(job_id, version)
 
-    async def _unlist_running(self, job_id: str) -> None:
-        self._listed.discard(job_id)
+    async def _unlist_running(self, job_id: str, ended: bool) -> None:
+        self._listed.pop(job_id, None)
         with contextlib.suppress(Exception):
-            await self.running_eps.remove(job_id)
+            await self.running_eps.remove(job_id, ended=ended)
 
     async def _poll_version(self) -> None:
         while not self._stop_polling.is_set():
             with contextlib.suppress(Exception):
-                await self.running_eps.refresh(sorted(self._listed))
+                await self.running_eps.refresh(sorted(self._listed), {
+                    j: p.generated for j, p in self._listed.items()})
             with contextlib.suppress(Exception):  # a Redis blip is waited out
                 current = await self.policies.current()
                 closed = await self.admission.closed(sorted(self._running_groups))

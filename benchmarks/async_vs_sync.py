@@ -11,7 +11,9 @@ max_staleness 2, a run of twice the budget where the same number of actors again
 Per setting: trained samples (and episodes) per minute between the first and last learner
 step, the learner's idle fraction (1 - its busy seconds: step + checkpoint + publish, over that
 window), the actors' idle fraction (1 - seconds their generation slots spent on episodes, pin to last
-turn, over slots x window), the distribution of sample staleness (learner version at training - the episode's
+turn, over slots x window), the generated tokens never trained (wasted, at the window's end),
+how long the learner held steps for running episodes they would leave behind (learner.hold),
+the distribution of sample staleness (learner version at training - the episode's
 policy version), weight-sync time (a version's publication to every server reporting it; and the
 learner's own publish seconds) and the reward curve. ideal_speedup = E[max of a batch's episode
 durations] / E[episode duration], from the delays the servers actually drew (bootstrap over all
@@ -71,6 +73,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every setting (e.g. weight_sync.max_updating=3)")
+    p.add_argument("--mode", default="pinned", choices=["pinned", "in-flight"],
+                   help="weight_sync.rollout_mode of every setting")
     p.add_argument("--report", default=None, help="only report again from this run directory")
     o = p.parse_args(argv)
     if o.quick:
@@ -147,7 +151,8 @@ class Bench:
             "actor.allocate_wait_s": 300, "queue.poll_delay_s": 0.2, "learner.tensorboard": False,
             "learner.group_timeout_s": 3600, "learner.checkpoint_every": 1, "learner.lr": 1e-4,
             "weight_sync.poll_interval_s": 0.2, "weight_sync.drain_timeout_s": 3600,
-            "weight_sync.keep_versions": 4, "pool.max_per_node": 2 * slots + 8,
+            "weight_sync.keep_versions": 4, "weight_sync.rollout_mode": o.mode,
+            "pool.max_per_node": 2 * slots + 8,
             "pool.max_concurrent": 2 * slots + 8, "envd.memory": "512m",
         }
         if self.pool_url:
@@ -341,9 +346,7 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
                  + float(x.get("publish_s", 0)) for x in later)
     out["learner_idle"] = max(0.0, 1 - busy_s / window)
     out["learner_busy_s_per_step"] = busy_s / len(later)
-    # learner.straggler_grace_s: seconds steps waited for running episodes they would make stale
-    out["straggler_wait_s_per_step"] = sum(float(x.get("straggler_wait_s", 0)) for x in later) / len(later)
-    out["straggler_grace_ran_out"] = int(rows[-1].get("straggler_grace_ran_out", 0))
+    out.update(hold_figures(later))
     inside = [b for b in busy if t1 <= b[0] <= tn]
     if len(inside) >= 2:
         slot_s = sum((b2[0] - b1[0]) * b1[2] for b1, b2 in itertools.pairwise(inside))
@@ -385,6 +388,34 @@ def summarize(run_id: str, eta: int, metrics_path: Path, published: dict[int, fl
 
         out["samples_per_min_before"], out["samples_per_min_after"] = rate(before), rate(after)
     return out
+
+
+def hold_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the learner's hold rule (learner.hold) did over these steps: seconds a step waited
+    for running episodes it would leave behind, how many steps waited, the episodes steps left
+    behind (stopped or dropped by the bound), and why steps went with some still running."""
+    n = max(1, len(rows))
+    why: dict[str, int] = {}
+    for x in rows:
+        if x.get("hold/left_behind"):
+            why[str(x.get("hold/why"))] = why.get(str(x.get("hold/why")), 0) + 1
+    return {"held_s_per_step": sum(float(x.get("straggler_wait_s", 0)) for x in rows) / n,
+            "steps_held": sum(1 for x in rows if float(x.get("straggler_wait_s", 0)) > 0),
+            "left_behind": sum(int(x.get("hold/left_behind", 0)) for x in rows), "left_behind_why": why}
+
+
+def held_s(r: dict[str, Any]) -> float:
+    """Seconds per step the learner held (a run recorded before the hold rule: its grace)."""
+    return float(r.get("held_s_per_step", r.get("straggler_wait_s_per_step", float("nan"))))
+
+
+def wasted_fraction(r: dict[str, Any]) -> float:
+    """Generated tokens never trained, of all generated, at the window's end (broker.status.tokens)."""
+    return float((r.get("tokens") or {}).get("wasted_fraction", float("nan")))
+
+
+# issue 42's goals for max_staleness 2: throughput against the ideal, waste, idle actors
+GOALS = {"of_ideal": 0.9, "wasted_fraction": 0.02, "actor_idle": 0.05}
 
 
 def ideal_speedup(durations: list[float], batch: int, draws: int = 20000, seed: int = 0) -> float:
@@ -462,14 +493,17 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
     sync_times = episode_times(run_dir / "bench-eta0" / "metrics.jsonl")
     by = {r["run"]: r for r in results}
     base = by.get("bench-eta0", {}).get("samples_per_min") or float("nan")
-    headers = ["setting", "steps", "samples/min", "episodes/min", "speedup", "learner idle",
-               "actor idle", "staleness (age: samples)", "max age", "first server s", "every server s",
-               "publish s"]
+    headers = ["setting", "steps", "samples/min", "episodes/min", "speedup", "of ideal", "wasted tokens %",
+               "actor idle", "held s/step", "steps held", "left behind", "learner idle",
+               "staleness (age: samples)", "max age", "first server s", "every server s", "publish s"]
     table = []
     for r in results:
+        speedup = r["samples_per_min"] / base
         table.append([r["run"].removeprefix("bench-"), r["steps"], round(r["samples_per_min"], 1),
-                      round(r["episodes_per_min"], 2), round(r["samples_per_min"] / base, 2),
-                      round(r["learner_idle"], 3), round(r["actor_idle"], 3),
+                      round(r["episodes_per_min"], 2), round(speedup, 2),
+                      round(speedup / ideal, 3) if r["eta"] else "-", round(100 * wasted_fraction(r), 2),
+                      round(r["actor_idle"], 3), round(held_s(r), 2), r.get("steps_held", "-"),
+                      r.get("left_behind", "-"), round(r["learner_idle"], 3),
                       " ".join(f"{a}:{n}" for a, n in r["staleness"].items()), r["max_staleness_seen"],
                       round(r.get("first_s", float("nan")), 2), round(r["sync_s"], 2),
                       round(r["publish_s"], 3)])
@@ -489,6 +523,10 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         summary[f"speedup_{tag}"] = round(r["samples_per_min"] / base, 3)
         summary[f"learner_idle_{tag}"] = round(r["learner_idle"], 3)
         summary[f"actor_idle_{tag}"] = round(r["actor_idle"], 3)
+        summary[f"wasted_fraction_{tag}"] = round(wasted_fraction(r), 4)
+        summary[f"held_s_per_step_{tag}"] = round(held_s(r), 2)
+        summary[f"steps_held_{tag}"] = r.get("steps_held")
+        summary[f"left_behind_{tag}"] = r.get("left_behind")
         summary[f"max_staleness_seen_{tag}"] = r["max_staleness_seen"]
         summary[f"stale_dropped_{tag}"] = int(r.get("dropped", {}).get("dropped/stale", 0))
         summary[f"late_dropped_{tag}"] = int(r.get("dropped", {}).get("dropped/late", 0))  # group trained
@@ -508,6 +546,11 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
             summary[f"delay_mean_s_{tag}"] = round(sum(r["durations"]) / len(r["durations"]), 2)
     if "speedup_eta2" in summary:
         summary["speedup_eta2_vs_ideal"] = round(summary["speedup_eta2"] / ideal, 3)
+        summary["goals_eta2"] = {  # issue 42: all three at once
+            "of_ideal": summary["speedup_eta2_vs_ideal"] >= GOALS["of_ideal"],
+            "wasted_fraction": summary["wasted_fraction_eta2"] <= GOALS["wasted_fraction"],
+            "actor_idle": summary["actor_idle_eta2"] <= GOALS["actor_idle"]}
+    summary["mode"] = o.mode
     if sync_times:
         wall_ideal = sync_times["wall_max_s"] / sync_times["wall_mean_s"]
         summary["ideal_speedup_episode_wall"] = round(wall_ideal, 3)
@@ -520,11 +563,18 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
         f"{o.minutes:g} min{'; config overrides ' + ', '.join(o.sets) if o.sets else ''}; the bundled "
         "train tasks in real containers (half scripted to the fix, half "
         f"to a wrong fix), the tiny model trained by `swarl learner` (rolling disk weight sync every "
-        f"step). Latency profile {o.latency.model_dump_json()}: episode delay p50 {med:.1f} s, p95 "
+        f"step; rollout mode {o.mode}; grading with envd's referee, its default; the learner's hold "
+        "rule, learner.hold, at its defaults unless overridden). "
+        f"Latency profile {o.latency.model_dump_json()}: episode delay p50 {med:.1f} s, p95 "
         f"{p95:.1f} s over {len(durations)} episodes; ideal speedup {ideal:.2f}. Rates are between a "
         "setting's first and last learner step. The learner's busy time per step (train + checkpoint + "
         "publish) is in the JSON per setting; the reward curve is flat by construction (a scripted "
-        "policy does not learn). 2x: at max_staleness 2, a run of twice the budget, the same actors again join halfway.")
+        "policy does not learn). 2x: at max_staleness 2, a run of twice the budget, the same actors again join halfway. "
+        "'of ideal': speedup / ideal speedup; 'wasted tokens %': generated tokens never trained, at the "
+        "window's end; 'held s/step': seconds a step waited for running episodes it would leave behind; "
+        "'steps held': steps that waited; 'left behind': running episodes steps went without (stopped or "
+        "dropped by the staleness bound). Goals at max_staleness 2 (issue 42): of ideal >= "
+        f"{GOALS['of_ideal']}, wasted <= {100 * GOALS['wasted_fraction']:g}%, actor idle <= {GOALS['actor_idle']}.")
     if sync_times:
         notes += (
             f" An episode is more than its drawn delay: at max_staleness 0 the mean episode took "
@@ -548,7 +598,7 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]], run_dir: Path) 
     if time_table:
         tables += "\n\nWhere a slot's time goes (means per episode):\n\n" + markdown_table(time_headers, time_table)
     if not o.no_record:
-        record("async_vs_sync", tables, summary, notes)
+        record("async_vs_sync" + ("" if o.mode == "pinned" else "_in_flight"), tables, summary, notes)
     print(tables)
     print(notes)
     return summary
@@ -574,7 +624,7 @@ async def main_async(o: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-RUN_OPTIONS = ("minutes", "etas", "batch", "group", "actors", "concurrency", "servers", "profile", "sets")
+RUN_OPTIONS = ("minutes", "etas", "batch", "group", "actors", "concurrency", "servers", "profile", "sets", "mode")
 
 
 def _as_args(saved: dict[str, Any]) -> list[str]:

@@ -12,7 +12,9 @@ ratio to the ideal — what the actors' slots would give if every slot were alwa
 episode that ends trained: slots x 60 / the mean seconds a slot holds an episode (its wall
 time less grading, which runs past the slot) x samples per episode —; the wasted token
 fraction at the window's end (every generated token is counted: broker.status.tokens); the
-time from a version's publication to every server reporting it; the learner's idle fraction.
+time from a version's publication to every server reporting it; the actors' and the learner's
+idle fractions; how long the learner held steps for running episodes they would leave behind
+(learner.hold), how many steps it held, and the episodes steps left behind.
 Writes a PNG and the section async_vs_sync_modes of benchmarks/RESULTS.md; the last line is
 one JSON object. `--report DIR` reports a finished run again from its results.json.
 
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO.parent))
 
-from async_vs_sync import Bench  # noqa: E402
+from async_vs_sync import Bench, held_s  # noqa: E402
 from async_vs_sync import options as bench_options  # noqa: E402
 
 from _record import markdown_table, record  # noqa: E402
@@ -132,29 +134,31 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def grace_s(o: argparse.Namespace) -> float:
-    """The learner's straggler grace in these runs: a --set of it, else the config's default."""
+def hold_settings(o: argparse.Namespace) -> str:
+    """The learner's hold rule in these runs (learner.hold): its config keys, --set or default."""
     from learner.config import LearnerConfig
 
+    cfg = LearnerConfig()
+    values = {"learner.straggler_grace_s": cfg.straggler_grace_s, "learner.straggler_worth": cfg.straggler_worth}
     for kv in o.sets:
         key, _, value = kv.partition("=")
-        if key == "learner.straggler_grace_s":
-            return float(value)
-    return float(LearnerConfig().straggler_grace_s)
+        if key in values:
+            values[key] = value
+    return ", ".join(f"{k} {v}" for k, v in values.items())
 
 
 def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
     headers = ["profile", "max_staleness", "mode", "steps", "samples/min", "ideal", "ratio to ideal",
-               "wasted tokens %", "wasted by cause", "every server s", "learner idle", "held s/step",
-               "grace ran out", "max age"]
+               "wasted tokens %", "wasted by cause", "actor idle", "held s/step", "steps held", "left behind",
+               "every server s", "learner idle", "max age"]
     table, summary = [], {"minutes": o.minutes, "batch": o.batch, "slots": o.actors * o.concurrency}
     for r in results:
         table.append([r["profile"], r["eta"], r["mode"], r["steps"], round(r["samples_per_min"], 1),
                       round(r["ideal_samples_per_min"], 1), round(r["ratio_to_ideal"], 3),
                       round(100 * r["wasted_fraction"], 2),
                       " ".join(f"{k}:{v}" for k, v in sorted(r["tokens_wasted"].items())) or "-",
-                      round(r["sync_s"], 2), round(r["learner_idle"], 3),
-                      round(r.get("straggler_wait_s_per_step", 0.0), 2), r.get("straggler_grace_ran_out", 0),
+                      round(r["actor_idle"], 3), round(held_s(r), 2), r.get("steps_held", "-"),
+                      r.get("left_behind", "-"), round(r["sync_s"], 2), round(r["learner_idle"], 3),
                       r["max_staleness_seen"]])
         tag = f"{r['profile']}_eta{r['eta']}_{r['mode'].replace('-', '_')}"
         summary[f"samples_per_min_{tag}"] = round(r["samples_per_min"], 1)
@@ -162,14 +166,16 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, An
         summary[f"wasted_fraction_{tag}"] = round(r["wasted_fraction"], 4)
         summary[f"every_server_s_{tag}"] = round(r["sync_s"], 2)
         summary[f"learner_idle_{tag}"] = round(r["learner_idle"], 3)
-        summary[f"held_s_per_step_{tag}"] = round(r.get("straggler_wait_s_per_step", 0.0), 2)
+        summary[f"held_s_per_step_{tag}"] = round(held_s(r), 2)
+        summary[f"actor_idle_{tag}"] = round(r["actor_idle"], 3)
+        summary[f"left_behind_{tag}"] = r.get("left_behind")
         summary[f"staleness_bound_kept_{tag}"] = r["max_staleness_seen"] <= r["eta"]
     notes = (
         f"Each setting: {o.actors} actors x {o.concurrency} episodes, {o.servers} scripted servers, batch "
         f"{o.batch} ({o.batch // o.group} tasks x {o.group}), {o.minutes:g} min from the first learner step, "
         "the same seeds (task order, latency draws) in both modes; the bundled train tasks in real "
         "containers, the tiny model trained by `swarl learner`, rolling disk weight sync every step, "
-        f"learner.straggler_grace_s {grace_s(o):g}. "
+        f"the learner's hold rule (learner.hold; {hold_settings(o)}); grading with envd's referee (its default). "
         f"Base profile {o.base_latency.model_dump_json()}; long profile {o.long_latency.model_dump_json()}. "
         "ideal = slots x 60 / (mean episode wall s - grading s) x samples per episode (every slot always "
         "busy with an episode that ends trained); wasted = generated tokens never trained (stale-stopped, "
@@ -181,8 +187,9 @@ def report(o: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, An
                   "each, one seed): the figures show the benchmark works and the direction, not the full "
                   "measurement (make the budget 6 min or more, and repeat the seeds).")
     notes += (" 'every server s' is measured by polling the registry every 0.25 s: 0 means within one poll."
-              " 'held s/step': seconds a step waited for running episodes it would have made stale "
-              "(learner.straggler_grace_s); 'grace ran out': steps taken with some still running.")
+              " 'actor idle': generation slots not busy with an episode, of slots x window. 'held s/step': "
+              "seconds a step waited for running episodes it would leave behind; 'steps held': steps that "
+              "waited; 'left behind': running episodes steps went without (stopped or dropped by the bound).")
     tables = markdown_table(headers, table)
     if not o.no_record:
         record("async_vs_sync_modes", tables, summary, notes)

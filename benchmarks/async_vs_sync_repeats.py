@@ -48,6 +48,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="parent of the run directories (default runs/)")
     p.add_argument("--png", default=str(REPO / "benchmarks" / "async_vs_sync_repeats.png"))
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
+    p.add_argument("--mode", default="pinned", choices=["pinned", "in-flight"],
+                   help="weight_sync.rollout_mode of every run")
     p.add_argument("bench_args", nargs=argparse.REMAINDER,
                    help="after --: arguments for every run of async_vs_sync.py")
     o = p.parse_args(argv)
@@ -73,7 +75,8 @@ def run_once(o: argparse.Namespace, run_dir: Path, seed: int) -> dict[str, Any]:
         profile = {**json.loads(extra[i + 1]), "seed": seed}
         del extra[i:i + 2]
     cmd = [sys.executable, str(BENCH), "--etas", "0,2", "--no-scale", "--no-record", "--out", str(run_dir),
-           "--png", str(run_dir / "async_vs_sync.png"), "--profile", json.dumps(profile), *extra]
+           "--png", str(run_dir / "async_vs_sync.png"), "--profile", json.dumps(profile), "--mode", o.mode,
+           *extra]
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:  # the run's own progress, kept beside it
@@ -114,7 +117,17 @@ def row(name: str, s: dict[str, Any]) -> list[object]:
             s["ideal_speedup"], s["speedup_eta2_vs_ideal"], s.get("speedup_eta2_vs_episode_wall_ideal", ""),
             f"{s.get('grading_s_eta0', '-')} / {s.get('grading_s_eta2', '-')}",
             s.get("episodes_drawn", ""), s["max_staleness_seen_eta2"],
-            f"{s.get('stale_dropped_eta2', '-')}/{s.get('late_dropped_eta2', '-')}", lost]
+            f"{s.get('stale_dropped_eta2', '-')}/{s.get('late_dropped_eta2', '-')}", lost,
+            pct(s.get("wasted_fraction_eta2")), s.get("actor_idle_eta2", "-"), s.get("held_s_per_step_eta2", "-")]
+
+
+def pct(x: Any) -> object:
+    return round(100 * float(x), 2) if isinstance(x, int | float) else "-"
+
+
+def mean_of(runs: list[tuple[str, dict[str, Any]]], key: str) -> float | None:
+    xs = [float(s[key]) for _, s in runs if isinstance(s.get(key), int | float)]
+    return round(sum(xs) / len(xs), 4) if xs else None
 
 
 def plot(names: list[str], ratios: list[float], across: dict[str, Any], path: Path) -> None:
@@ -159,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     across = summary_across(ratios)
     headers = ["run (latency seed)", "samples/min eta0", "samples/min eta2", "speedup_eta2", "ideal", "of ideal",
                "of wall ideal", "grading s/episode eta0 / eta2", "episodes drawn", "max age eta2", "samples dropped stale / late",
-               "episodes stopped stale / group closed"]
+               "episodes stopped stale / group closed", "wasted tokens % eta2", "actor idle eta2",
+               "held s/step eta2"]
     table = markdown_table(headers, [row(n, s) for n, s in runs])
     summary = {"runs": len(runs), "speedup_eta2_vs_ideal_mean": across["mean"],
                "speedup_eta2_vs_ideal_ci95": across["ci"], "speedup_eta2_vs_ideal_min": across["min"],
@@ -167,14 +181,21 @@ def main(argv: list[str] | None = None) -> None:
                "speedup_eta2_mean": round(sum(s["speedup_eta2"] for _, s in runs) / len(runs), 3),
                "ideal_speedup_mean": round(sum(s["ideal_speedup"] for _, s in runs) / len(runs), 3),
                "staleness_bound_kept": all(s["max_staleness_seen_eta2"] <= 2 for _, s in runs),
-               "goal": GOAL}
-    args = " ".join(["--etas 0,2 --no-scale", *o.bench_args])
+               "goal": GOAL, "mode": o.mode,
+               # issue 42: waste and idle actors at max_staleness 2, beside the ratio
+               "wasted_fraction_eta2_mean": mean_of(runs, "wasted_fraction_eta2"),
+               "wasted_fraction_eta2_max": max((float(s["wasted_fraction_eta2"]) for _, s in runs
+                                                if "wasted_fraction_eta2" in s), default=None),
+               "actor_idle_eta2_mean": mean_of(runs, "actor_idle_eta2"),
+               "actor_idle_eta2_max": max((float(s["actor_idle_eta2"]) for _, s in runs), default=None),
+               "held_s_per_step_eta2_mean": mean_of(runs, "held_s_per_step_eta2")}
+    args = " ".join(["--etas 0,2 --no-scale", "--mode", o.mode, *o.bench_args])
     notes = (f"Each run: `benchmarks/async_vs_sync.py {args}` (its own services, containers and draws). Mean of speedup_eta2 / "
              f"ideal over {len(runs)} runs {across['mean']:.3f}, 95% bootstrap interval over runs "
              f"[{across['ci'][0]:.3f}, {across['ci'][1]:.3f}] (few runs: a rough interval), "
              f"lowest {across['min']:.3f}; the goal is {GOAL}.")
     if not o.no_record:
-        record("async_vs_sync_repeats", table, summary, notes)
+        record("async_vs_sync_repeats" + ("" if o.mode == "pinned" else "_in_flight"), table, summary, notes)
     plot([n for n, _ in runs], ratios, across, Path(o.png))
     print(table)
     print(notes)

@@ -173,6 +173,29 @@ class Keys:
         dead actor lapse after broker.running.RUNNING_TTL_S."""
         return f"{self.base}:running:seen"
 
+    @property
+    def running_started(self) -> str:
+        """Sorted set job_id -> when it was listed (pinned; Redis time, ms): how long it has run."""
+        return f"{self.base}:running:started"
+
+    @property
+    def running_last_turn(self) -> str:
+        """Sorted set job_id -> when its last turn was generated (Redis time, ms); absent while
+        it generates. Past it, the episode grades."""
+        return f"{self.base}:running:last_turn"
+
+    @property
+    def running_tokens(self) -> str:
+        """Sorted set job_id -> tokens its server generated so far (refreshed with `seen`)."""
+        return f"{self.base}:running:tokens"
+
+    @property
+    def running_ended(self) -> str:
+        """List, newest first, of the last broker.running.ENDED_KEPT listings that ended:
+        "<ms listed> <ms from its last turn, -1: none> <1: it ran to its end, 0: stopped>" — the
+        run's own episode durations, which the learner's hold rule weighs (learner.hold)."""
+        return f"{self.base}:running:ended"
+
     # -- stats --------------------------------------------------------------------------
     @property
     def stats(self) -> str:

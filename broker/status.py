@@ -111,7 +111,10 @@ def render(st: dict[str, Any]) -> Any:
         if st["learner"].get("warning"):
             head.add_row("learner warning", f"[bold red]{st['learner']['warning']}[/]", "", "")
         if int(st["learner"].get("holding") or 0):
-            head.add_row("step held for", f"{st['learner']['holding']} running episodes (straggler grace)", "", "")
+            head.add_row("step held for", f"{st['learner']['holding']} running episodes "
+                         f"({st['learner'].get('hold_held_s', '?')} s so far)", "", "")
+        if hold_line(st["learner"]):
+            head.add_row("hold rule", hold_line(st["learner"]), "", "")
     t = st.get("tokens") or tokens(st.get("stats", {}))
     if t["generated"]:
         head.add_row("tokens generated", str(t["generated"]), "trained", str(t["trained"]))
@@ -140,6 +143,20 @@ def render(st: dict[str, Any]) -> Any:
         actors.add_row(ac["id"], str(ac["host"]), str(ac["pid"]), f"{ac['running']}/{ac['concurrency']}",
                        str(ac["totals"].get("episodes", 0)))
     return Group(head, *pools, actors, *evals_table(st.get("evals") or {}))
+
+
+def hold_line(learner: dict[str, Any]) -> str:
+    """The learner's hold rule (learner.hold) on the step it has ready, from its state hash:
+    empty when no running episode would be left behind."""
+    at_risk = int(learner.get("hold_at_risk") or 0)
+    if not at_risk:
+        return ""
+    why = learner.get("hold_why", "?")
+    verdict = {"worth": "hold", "not_worth": "step", "no_data": "step (too few episode durations yet)",
+               "capped": "step (learner.straggler_grace_s reached)"}.get(why, why)
+    return (f"{verdict}: {at_risk} episodes would be left behind; waiting up to {learner.get('hold_for_s', 0)} s "
+            f"saves ~{learner.get('hold_saved_tokens', 0)} tokens, costs ~{learner.get('hold_cost_tokens', 0)} "
+            f"({learner.get('hold_blocked_slots', 0)} actor slots blocked now)")
 
 
 def evals_table(ev: dict[str, Any]) -> list[Any]:

@@ -360,6 +360,29 @@ class Assembler:
             out.append(ReadyGroup(g.group_id, usable))
         return out
 
+    @property
+    def ready_episodes(self) -> int:
+        """Usable episodes closed for training and waiting (as of the last batch_ready)."""
+        return sum(len(g.episodes) for g in self._ready)
+
+    def at_stake(self, version: int) -> dict[str, int | None]:
+        """What the step at `version` means for open groups with finished episodes at their last
+        chance (nothing is changed): group id -> None when the step salvages the group (its
+        members still running are then stopped), else the generated tokens of those finished
+        episodes, which go stale with the group's running stragglers (learner.hold)."""
+        last = version - self.max_staleness
+        out: dict[str, int | None] = {}
+        for g in self.groups.values():
+            usable = self._usable(g, version)
+            due = [ep for ep in usable if ep.policy_version <= last]
+            if not due:
+                continue
+            if self.salvage and len(usable) >= max(2, self.min_group_episodes):
+                out[g.group_id] = None
+            else:
+                out[g.group_id] = sum(s.generated_tokens for ep in due for s in ep.samples)
+        return out
+
     def take_decided(self) -> list[str]:
         """Stream ids of the drops decided since the last batch (acked with the next checkpoint)."""
         ids, self.pending_ids = self.pending_ids, []

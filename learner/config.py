@@ -76,12 +76,17 @@ class LearnerConfig(Section):
         "train a group's version, train its finished episodes (two or more) instead of waiting for "
         "its slowest one and losing them all to staleness; the stragglers arrive late and are "
         "dropped (learner.assembly). Off: a group waits whole (or for group_timeout_s).")
-    straggler_grace_s: float = Field(
-        60.0, ge=0, description="Before a step that publishes a version, wait up to this long "
-        "while a running episode (broker.running) would be made stale by it (its oldest token more "
-        "than admission.max_staleness versions behind the new version): it finishes and trains "
-        "instead of being stopped or dropped. The learner reads on meanwhile; actors keep "
-        "generating within admission's bound. 0: never wait.")
+    straggler_grace_s: float | None = Field(
+        None, ge=0, description="Before a step that publishes a version, the learner holds it "
+        "while the running episodes it would leave behind (stale, or in a group it trains "
+        "without them) are worth more than the hold costs: their tokens, weighted by how likely "
+        "each ends soon given the run's own episode durations, against the actor slots admission "
+        "blocks meanwhile and, when more than this batch is ready, the learner's time "
+        "(learner.hold). This caps one hold (s); unset: no cap; 0: never hold.")
+    straggler_worth: float = Field(
+        1.0, gt=0, description="What a token of an episode the hold would save is worth against "
+        "a token a blocked actor slot could have generated (learner.hold). Above 1 buys fewer "
+        "wasted tokens, and fewer long episodes lost, with actor idle time.")
     # -- objective ------------------------------------------------------------------------
     objective: Literal["decoupled", "tis", "ppo"] = Field(
         "decoupled", description="decoupled: decoupled PPO (clip against the proximal "

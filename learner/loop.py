@@ -35,13 +35,15 @@ from typing import Any
 from broker.admission import Admission
 from broker.registry import PolicyRegistry
 from broker.replay import ReplayReader
-from broker.running import RunningEpisodes
+from broker.running import Running, RunningEpisodes
 from common.files import atomic_write_text
 from common.logs import get_logger
 from learner import checkpoint
 from learner.assembly import Assembler, Batch
 from learner.checkpoint import LearnerState
 from learner.diagnostics import STATE_PREFIX, MismatchWatch, diagnostics
+from learner.hold import HoldDecision, Straggler, decide
+from learner.hold_inputs import HoldProbe
 from learner.metrics_log import MetricsLog, TrainedIds, truncate_after
 from learner.runtime import LearnerRuntime
 from learner.train import batch_items
@@ -67,12 +69,14 @@ class Learner:
         self.policy = PolicyRegistry(redis, keys)
         self.admission = Admission(redis, keys, rt.admission)
         self.running = RunningEpisodes(redis, keys)
-        # straggler grace (learner.straggler_grace_s): since when the next step is held for
-        # running episodes it would make stale; the seconds the last step waited
+        # the hold rule (learner.hold): since when the next step is held for running episodes it
+        # would leave behind; its latest decision; the seconds the last step waited
+        self.hold_probe = HoldProbe(redis, keys, self.running, self.admission)
         self._hold_since: float | None = None
         self._holding = 0  # running episodes the held step waits for (learner_state `holding`)
-        self._waited_s = 0.0
-        self._grace_ran_out = 0
+        self._hold_dec = HoldDecision(False, "none")
+        self._hold_at_risk = 0  # episodes the step would leave behind, at its latest decision
+        self._step_hold: dict[str, Any] = {}  # the last step's hold figures (its metrics)
         self.asm = Assembler(
             n_per_group=self.lcfg.n_samples_per_prompt, batch_size=rt.admission.batch_size,
             max_staleness=rt.admission.max_staleness, group_timeout_s=self.lcfg.group_timeout_s,
@@ -121,7 +125,7 @@ class Learner:
                     last_arrival = time.monotonic()
                     self.asm.add(entries)
                 was_holding = self._hold_since is not None
-                held = self._hold_for_stragglers(at_risk, full_read=len(entries) >= self.rt.replay.read_count)
+                held = await self._hold_for_stragglers(at_risk, full_read=len(entries) >= self.rt.replay.read_count)
                 if held and not was_holding:  # tell at once: samples read and held wait for a step
                     await self._heartbeat(force=True)
                 batch = None if held else self.asm.take_batch(self.state.version)
@@ -155,48 +159,87 @@ class Learner:
             self.metrics.close()
         return self.state
 
-    async def _stragglers(self) -> tuple[int, int | None] | None:
-        """(running episodes the next step would make stale, the oldest running version), or
-        None when the next step cannot hold (no grace, it publishes no version, Redis away). A
-        step that publishes version v + 1 leaves behind every episode whose oldest token is
-        older than v + 1 - max_staleness: the actors stop it, or the learner drops its samples."""
-        if self.lcfg.straggler_grace_s <= 0 or (self.state.step + 1) % max(1, self.lcfg.update_every):
+    async def _stragglers(self) -> list[Running] | None:
+        """The running episodes (broker.running), or None when the next step cannot hold (it
+        publishes no version, holds are off, Redis away). Asked before the round's read: an
+        episode unlisted by then wrote its samples before, so the read has them."""
+        if self.lcfg.straggler_grace_s == 0 or (self.state.step + 1) % max(1, self.lcfg.update_every):
             return None
         try:
-            return await self.running.at_risk(self.state.version - self.rt.admission.max_staleness)
-        except Exception as e:  # Redis away: no grace rather than no steps
+            return await self.running.snapshot()
+        except Exception as e:  # Redis away: no hold rather than no steps
             log.warning("straggler_check_failed", error=str(e))
             return None
 
-    def _hold_for_stragglers(self, at_risk: tuple[int, int | None] | None, full_read: bool) -> bool:
-        """True while the next step waits (learner.straggler_grace_s) for the running episodes
-        it would make stale (`at_risk`, asked before this round's read). The grace runs from
-        when a batch is ready; the loop reads on meanwhile. A read that filled its page may have
-        left a straggler's samples unread: one more round then."""
-        if at_risk is None or not self.asm.batch_ready(self.state.version):
+    def _left_behind(self, running: list[Running]) -> list[Straggler]:
+        """The running episodes a step publishing version v + 1 leaves behind: those whose oldest
+        token is older than v + 1 - max_staleness (the actors stop them, or the learner drops
+        their samples), and those of groups it trains without them (salvaged at their last
+        chance: the actors stop them). Each carries the tokens of its group's finished episodes
+        that go stale with it (a group too small to salvage)."""
+        v = self.state.version
+        stake = self.asm.at_stake(v)
+        out: list[tuple[str | None, Running]] = []
+        for r in running:
+            gid = self.keys.group_of(r.job_id)
+            if gid is not None and gid in self.asm.closed_groups:
+                continue  # its group was decided already: the actors stop it, whatever the step
+            salvaged = gid in stake and stake[gid] is None
+            if r.version <= v - self.rt.admission.max_staleness or salvaged:
+                out.append((gid, r))
+        per_group: dict[str | None, int] = {}
+        for gid, _ in out:
+            per_group[gid] = per_group.get(gid, 0) + 1
+        return [Straggler(r.tokens, r.elapsed_s, r.graded_for_s,
+                          (stake.get(gid) or 0) // per_group[gid] if gid is not None else 0)
+                for gid, r in out]
+
+    async def _hold_for_stragglers(self, running: list[Running] | None, full_read: bool) -> bool:
+        """True while the next step waits for the running episodes it would leave behind
+        (`running`, asked before this round's read), as long as the hold rule finds the wait
+        worth its cost (learner.hold: decided afresh each round). The loop reads on meanwhile.
+        A read that filled its page may have left a straggler's samples unread: one more round
+        then."""
+        if running is None or not self.asm.batch_ready(self.state.version):
+            self._hold_dec, self._hold_at_risk = HoldDecision(False, "none"), 0
             return False
-        now = time.monotonic()
-        if self._hold_since is not None and now - self._hold_since >= self.lcfg.straggler_grace_s:
-            return False  # grace spent: step anyway
-        n, oldest = at_risk
-        if n == 0:
+        stragglers = self._left_behind(running)
+        self._hold_at_risk = len(stragglers)
+        if not stragglers:
+            self._hold_dec = HoldDecision(False, "none")
             return self._hold_since is not None and full_read
-        self._holding = n
+        now = time.monotonic()
+        held_s = now - self._hold_since if self._hold_since is not None else 0.0
+        try:
+            inputs = await self.hold_probe.inputs(
+                running, stragglers, backlog=self.asm.ready_episodes >= 2 * self.rt.admission.batch_size,
+                held_s=held_s)
+        except Exception as e:  # Redis away: step rather than wait on figures it cannot read
+            log.warning("hold_inputs_failed", error=str(e))
+            return False
+        self._hold_dec = decide(inputs, cap_s=self.lcfg.straggler_grace_s, worth=self.lcfg.straggler_worth)
+        if not self._hold_dec.hold:
+            return False
+        self._holding = len(stragglers)
         if self._hold_since is None:
             self._hold_since = now
-            log.info("step_held_for_stragglers", version=self.state.version, episodes=n,
-                     oldest=oldest, grace_s=self.lcfg.straggler_grace_s)
+            log.info("step_held_for_stragglers", version=self.state.version, episodes=len(stragglers),
+                     **self._hold_dec.metrics())
         return True
 
     def _end_hold(self) -> None:
-        """A step is taken: how long it waited for stragglers, for its metrics."""
-        if self._hold_since is None:
-            self._waited_s = 0.0
-            return
-        self._waited_s = time.monotonic() - self._hold_since
-        if self._waited_s >= self.lcfg.straggler_grace_s:
-            self._grace_ran_out += 1
-        self._hold_since, self._holding = None, 0
+        """A step is taken: how long it waited, and why it went (for its metrics)."""
+        waited = time.monotonic() - self._hold_since if self._hold_since is not None else 0.0
+        d = self._hold_dec
+        if self._hold_since is not None:
+            log.info("step_after_hold", version=self.state.version, waited_s=round(waited, 2),
+                     left_behind=self._hold_at_risk, **d.metrics())
+        self._step_hold = {
+            "straggler_wait_s": round(waited, 3),  # this step held for running episodes
+            "hold/left_behind": self._hold_at_risk,  # running episodes it left (stopped, dropped)
+            **{f"hold/{k}": v for k, v in d.metrics().items() if k != "decision"}}
+        self._hold_since, self._holding, self._hold_at_risk = None, 0, 0
+        self._hold_dec = HoldDecision(False, "none")
 
     async def _give_back(self) -> None:
         """Admission slots of the episodes just dropped untrained (learner.assembly). Not
@@ -355,14 +398,22 @@ class Learner:
             "last_ack_id": self._last_ack, "heartbeat": now, "status": status,
             "holding": self._holding if self._hold_since is not None else 0,
             "warning": self._warning,
-            **{f"{STATE_PREFIX}{k}": round(v, 6) for k, v in self._diag.items()}})
+            **{f"{STATE_PREFIX}{k}": round(v, 6) for k, v in self._diag.items()},
+            **self._hold_state()})
+
+    def _hold_state(self) -> dict[str, Any]:
+        """The hold rule's latest decision and inputs, for `swarl status` (learner.hold)."""
+        d = self._hold_dec
+        return {"hold_at_risk": self._hold_at_risk, "hold_why": d.why,
+                "hold_saved_tokens": round(d.saved_tokens), "hold_cost_tokens": round(d.cost_tokens),
+                "hold_for_s": round(d.for_s, 1), "hold_blocked_slots": round(d.blocked_slots, 1),
+                "hold_held_s": round(time.monotonic() - self._hold_since, 1) if self._hold_since is not None else 0}
 
     def _step_metrics(self, batch: Batch, m: dict[str, float], rstats: dict[str, float]) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.state.version, **rstats,
                                **{k: v for k, v in m.items()}}
         out["episodes"] = batch.n_episodes
-        out["straggler_wait_s"] = round(self._waited_s, 3)  # this step held for running episodes
-        out["straggler_grace_ran_out"] = self._grace_ran_out  # steps taken with some still running
+        out.update(self._step_hold)  # the hold rule at this step (learner.hold)
         out["groups"] = len(batch.groups)
         out["samples_held"] = self.asm.n_held
         for age, n in sorted(batch.staleness.items()):

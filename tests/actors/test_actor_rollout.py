@@ -105,6 +105,12 @@ async def test_the_pin_holds_the_turns_not_the_grading(scripted, pool_server, re
         # before this, the pin lasted until the samples were written: milliseconds from the end
         assert done_at - unpinned_at >= 0.8 * eval_time, (done_at - unpinned_at, eval_time)
         assert (await reg.list())[0].pins == 0
+        # its listing's durations (broker.running, for the learner's hold rule): to its end, the
+        # grading part from its last turn
+        from broker.running import RunningEpisodes
+
+        ((total, grading, ended),) = await RunningEpisodes(r, KEYS).ended()
+        assert ended and grading is not None and 0.8 * eval_time <= grading < total
     finally:
         await ro.aclose()
         await r.aclose()
@@ -184,6 +190,9 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
             assert not task.done()
             # refreshed while it runs: a listing older than 2 s would be a dead actor's
             assert (await RunningEpisodes(r, KEYS, ttl_s=2.0).at_risk(0))[0] == 1
+            # with the tokens its server generated so far, still generating
+            (ep,) = await running.snapshot()
+            assert ep.tokens > 0 and ep.graded_for_s is None and ep.elapsed_s >= 2.0
         await policies.publish(eta + 1, {})
         t0 = time.monotonic()
         res = await asyncio.wait_for(task, 15)
@@ -198,6 +207,8 @@ async def test_an_episode_the_learner_can_no_longer_train_is_stopped(
         assert (await ro.pool.status())["leases"] == 0
         assert ro.totals["episodes_abandoned_stale"] == 1
         assert await running.count() == 0  # unlisted once its masked sample was written
+        ((_, grading, ended),) = await running.ended()
+        assert grading is None and not ended  # stopped: a censored duration, not a short one
     finally:
         await ro.aclose()
         await r.aclose()

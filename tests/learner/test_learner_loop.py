@@ -218,17 +218,28 @@ async def test_idle_exit_counts_from_the_end_of_a_step(cfg, keys, small_model_di
     await r.aclose()
 
 
-async def test_a_step_waits_for_a_running_episode_it_would_make_stale(cfg, keys, small_model_dir,
-                                                                     tmp_path) -> None:
-    """learner.straggler_grace_s: at max_staleness 0 the first step (publishing version 1) would
-    make every version-0 episode stale; one still runs (listed in broker.running), so the step
-    waits for it and trains its group whole instead of dropping it."""
+async def run_figures(r, keys, durations_s=range(5, 30)) -> None:
+    """The run's own figures the hold rule weighs: episodes that took 5-29 s to their end
+    (broker.running's record), 10 generated tokens per busy slot second (the actors' stats)."""
+    await r.lpush(keys.running_ended, *(f"{int(d * 1000)} 1000 1" for d in durations_s))
+    await r.hset(keys.stats, mapping={"tokens_generated": 10_000, "rollout_busy_s": 1000.0})
+
+
+async def test_a_step_waits_for_a_running_episode_it_would_leave_behind_while_nothing_waits_on_it(
+        cfg, keys, small_model_dir, tmp_path) -> None:
+    """At max_staleness 0 the first step (publishing version 1) would make every version-0
+    episode stale; one still runs, with episodes of this run taking 5-29 s. No actor slot waits
+    on admission and the learner has nothing else to do: the step waits, trains the straggler's
+    group whole, and says why (the rule's inputs in the state hash for `swarl status`, and in the
+    step's metrics)."""
     from broker.running import RunningEpisodes
 
-    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, straggler_grace_s=30.0)
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0)  # learner.straggler_grace_s: its default
     r = connect(cfg.redis.url)
     writer, running = ReplayWriter(r, keys), RunningEpisodes(r, keys)
+    await run_figures(r, keys)
     await running.add("straggler", 0)
+    await running.refresh(["straggler"], {"straggler": 400})
     # two complete groups (a batch) and one of the third group's two episodes
     await writer.add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)]
                      + [make_sample("c", 0, version=0)])
@@ -237,32 +248,106 @@ async def test_a_step_waits_for_a_running_episode_it_would_make_stale(cfg, keys,
     task = asyncio.create_task(learner.run())
     await asyncio.sleep(2.0)
     assert learner.state.step == 0  # held: the batch is ready, the straggler runs
-    assert (await r.hget(keys.learner_state, "holding")) == b"1"  # told at once (swarl status, tests)
+    st = await r.hgetall(keys.learner_state)
+    assert st[b"holding"] == b"1" and st[b"hold_why"] == b"worth" and st[b"hold_at_risk"] == b"1"
+    assert int(st[b"hold_saved_tokens"]) > 0 and float(st[b"hold_blocked_slots"]) == 0
     await writer.add([make_sample("c", 1, version=0)])  # it finishes: samples, then unlisted
     await running.remove("straggler")
     state = await asyncio.wait_for(task, 60)
     assert (state.step, state.trained_samples) == (1, 6) and not learner.asm.dropped
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["episodes"] == 6 and 1.8 <= row["straggler_wait_s"] < 30 and row["straggler_grace_ran_out"] == 0
+    assert row["episodes"] == 6 and 1.8 <= row["straggler_wait_s"] < 30
+    assert row["hold/left_behind"] == 0 and row["hold/why"] == "none"  # none left when it stepped
     await r.aclose()
 
 
-async def test_the_grace_runs_out_and_the_step_goes_on(cfg, keys, small_model_dir, tmp_path) -> None:
-    """A straggler that outlasts the grace (or a listing no actor refreshes any more) delays a
-    step by straggler_grace_s at most; its group is then decided as without the grace."""
+async def test_a_step_waits_for_a_member_of_a_group_it_would_train_without_it(cfg, keys, small_model_dir,
+                                                                             tmp_path) -> None:
+    """At max_staleness 1 and version 1, group g has two episodes of version 0 done (this step is
+    their last chance: it trains them, salvaged) and its third still running, from version 1: not
+    stale itself, but the step would train g without it and the actors would stop it. With
+    nothing waiting on the learner the step waits for it (the old grace looked at versions only)."""
+    from broker.running import RunningEpisodes
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, n_samples_per_prompt=3)
+    cfg.admission.max_staleness, cfg.admission.batch_size = 1, 3
+    r = connect(cfg.redis.url)
+    writer, running = ReplayWriter(r, keys), RunningEpisodes(r, keys)
+    await run_figures(r, keys)
+    member = f"{keys.run}:g:s2"
+    assert keys.group_of(member) == "g"
+    await running.add(member, 1)
+    await running.refresh([member], {member: 400})
+    await writer.add([make_sample("a", i, version=1) for i in range(3)]  # a batch
+                     + [make_sample("g", i, version=0) for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                              cfg.learner), None, LearnerState(step=1, version=1))
+    task = asyncio.create_task(learner.run())
+    await asyncio.sleep(2.0)
+    assert learner.state.step == 1, "stepped: g trained without its running member"
+    assert (await r.hget(keys.learner_state, "hold_at_risk")) == b"1"
+    await writer.add([make_sample("g", 2, version=1)])
+    await running.remove(member)
+    state = await asyncio.wait_for(task, 60)
+    # g whole (its version-0 episodes first, at their last chance), then a
+    assert (state.step, state.trained_samples) == (3, 6) and not learner.asm.dropped
+    await r.aclose()
+
+
+async def test_a_step_does_not_wait_when_actors_are_blocked_behind_it(cfg, keys, small_model_dir,
+                                                                    tmp_path) -> None:
+    """The same straggler, but admission is full while an actor has 7 of its 8 slots idle and
+    jobs are queued: each second of a hold would cost 7 slot-seconds, more than the straggler
+    (early in its episode) is worth. The step goes at once, leaving it behind, and says why."""
+    from broker.admission import Admission
+    from broker.registry import ActorRegistry
+    from broker.running import RunningEpisodes
+
+    cfg = configure(cfg, small_model_dir, idle_exit_s=1.0)
+    r = connect(cfg.redis.url)
+    running = RunningEpisodes(r, keys)
+    await run_figures(r, keys)
+    await ActorRegistry(r, keys).register("actor-0", "host", 1, concurrency=8)
+    await r.zadd(keys.queue, {f"job-{i}": i for i in range(8)})
+    await r.set(keys.admission_started, cfg.admission.batch_size)  # version 0's rollouts all started
+    await running.add("straggler", 0)
+    await running.refresh(["straggler"], {"straggler": 400})
+    await ReplayWriter(r, keys).add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)])
+    learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
+                                                              cfg.learner), None)
+    assert (await Admission(r, keys, cfg.admission).capacity())["free"] == 0
+    state = await asyncio.wait_for(learner.run(), 60)  # not 60 s: the old fixed grace's default
+    assert state.step == 1
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["straggler_wait_s"] == 0 and row["hold/left_behind"] == 1 and row["hold/why"] == "not_worth"
+    assert row["hold/blocked_slots"] == 7 and row["hold/cost_tokens"] > row["hold/saved_tokens"]
+    await r.aclose()
+
+
+async def test_the_cap_bounds_a_hold(cfg, keys, small_model_dir, tmp_path) -> None:
+    """learner.straggler_grace_s caps a hold: a straggler the rule waits for (nothing is blocked,
+    it could end within the cap) that does not end delays the step by the cap at most; its group
+    is then decided as without the hold."""
     from broker.running import RunningEpisodes
 
     cfg = configure(cfg, small_model_dir, idle_exit_s=1.0, straggler_grace_s=1.5)
     r = connect(cfg.redis.url)
-    await RunningEpisodes(r, keys).add("never-ends", 0)
+    await run_figures(r, keys, durations_s=[5 + i / 10 for i in range(250)])
+    running = RunningEpisodes(r, keys)
+    await running.add("never-ends", 0)
+    await running.refresh(["never-ends"], {"never-ends": 400})
+    # listed 4.5 s ago: it could end within the cap (this run's episodes took 5-30 s)
+    sec, usec = await r.time()
+    await r.zadd(keys.running_started, {"never-ends": sec * 1000 + usec // 1000 - 4500})
     await ReplayWriter(r, keys).add([make_sample(g, i, version=0) for g in ("a", "b") for i in range(2)])
     learner = Learner(learner_runtime(cfg), r, Trainer.single(TorchBackend(cfg.learner, small_model_dir),
                                                               cfg.learner), None)
-    t0 = time.monotonic()
     state = await asyncio.wait_for(learner.run(), 60)
-    assert state.step == 1 and time.monotonic() - t0 >= 1.5
+    assert state.step == 1
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert 1.5 <= row["straggler_wait_s"] < 5 and row["straggler_grace_ran_out"] == 1
+    # a round reads for up to replay.block_ms (0.1 s here) between decisions
+    assert 1.0 <= row["straggler_wait_s"] < 2.0 and row["hold/left_behind"] == 1
+    assert row["hold/why"] in ("capped", "not_worth")  # not_worth: it could no longer end in time
     await r.aclose()
 
 

@@ -23,8 +23,10 @@ def test_async_vs_sync_quick(docker_url, tmp_path) -> None:
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-4000:])
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     for k in ("speedup_eta2", "ideal_speedup", "learner_idle_eta0", "learner_idle_eta2",
-              "max_staleness_seen_eta2"):
+              "max_staleness_seen_eta2", "wasted_fraction_eta2", "held_s_per_step_eta2", "actor_idle_eta2",
+              "left_behind_eta2", "goals_eta2"):
         assert k in summary, summary
+    assert 0 <= summary["wasted_fraction_eta2"] <= 1 and summary["held_s_per_step_eta2"] >= 0
     assert summary["max_staleness_seen_eta0"] == 0  # synchronous: trained at the version it was made
     assert summary["max_staleness_seen_eta2"] <= 2
     assert summary["samples_per_min_eta0"] > 0 and summary["samples_per_min_eta2"] > 0

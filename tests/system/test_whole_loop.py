@@ -91,7 +91,7 @@ async def run_loop(tmp_path: Path, redis_url: str, envd_factory: Any, pool_facto
 
         async def settled() -> bool:
             # the learner has read every sample (each one consumed or held for a batch that
-            # will not fill; not holding a step for running episodes: learner.straggler_grace_s)
+            # will not fill; not holding a step for running episodes: learner.hold)
             # and every server reports the newest version
             st = await r.hgetall(KEYS.learner_state)
             if int(st.get("consumed", 0)) + int(st.get("held", 0)) < len(watch.samples):
