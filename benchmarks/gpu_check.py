@@ -491,19 +491,8 @@ class Check:
         if not self.cuda:
             self.report.check("weight_sync_nccl", True, skipped="NCCL needs CUDA")
             return
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--nccl-probe"]
-        try:  # a process of its own: a set-up that abort() cannot end must not hang the run
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMITS["weight_sync_nccl"] - 10)
-        except subprocess.TimeoutExpired:
-            self.report.check("weight_sync_nccl", False, error="the probe did not end: abort() left rank 0's "
-                              "thread in the set-up or the broadcast")
-            return
-        lines = done.stdout.strip().splitlines()
-        if done.returncode or not lines:
-            self.report.check("weight_sync_nccl", False, error=f"probe exit {done.returncode}: {done.stderr[-1500:]}")
-            return
-        found = json.loads(lines[-1])
-        self.report.check("weight_sync_nccl", bool(found.pop("ok")), **found)
+        found = run_nccl_probe(LIMITS["weight_sync_nccl"] - 10)
+        self.report.check("weight_sync_nccl", bool(found.pop("ok", False)), **found)
 
     def hf_check(self, ref: dict[str, list[Any]]) -> None:
         got = learner_logprobs(self.be, self.probes)
@@ -646,51 +635,211 @@ def _read_dir(path: Path) -> dict[str, Any]:
 
 
 # -- weight_sync over NCCL ----------------------------------------------------------------------
-def nccl_probe(timeout_s: float = 5.0) -> dict[str, Any]:
-    """Rank 0 of weight_sync's update group over NCCL on this GPU (see the module doc)."""
+NCCL_PROBE_BOUND_S = 10.0  # the probe's groups' bound (group_timeout_s): TORCH_NCCL_NONBLOCKING_TIMEOUT 10
+NCCL_PROBE_DEADLINE_S = 75.0  # the probe's own watchdog: under the parent's limit (LIMITS - 10)
+NCCL_PROBE_STDERR_TAIL = 3000
+
+
+def run_nccl_probe(limit_s: float, cmd: list[str] | None = None) -> dict[str, Any]:
+    """weight_sync_nccl's process (`--nccl-probe`; one of its own: a set-up nothing ends must
+    not hang the run), killed at limit_s. Its figures: the JSON line it printed last, else the
+    partial one of its last progress line (the stage it reached), with `exit`, and when it did
+    not pass, `error` and the tail of its stderr (progress, thread stacks of a probe stuck)."""
+    cmd = cmd or [sys.executable, str(Path(__file__).resolve()), "--nccl-probe"]
+    with tempfile.TemporaryDirectory(prefix="nccl_probe-") as d:
+        out_p, err_p = Path(d, "stdout"), Path(d, "stderr")
+        with out_p.open("wb") as out, err_p.open("wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            try:
+                rc: int | None = proc.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = None
+        stdout = out_p.read_text(errors="replace")
+        stderr = err_p.read_text(errors="replace")
+    found = _last_json(stdout.splitlines(), "") or _last_json(stderr.splitlines(), "[nccl_probe") or {}
+    found["exit"] = rc
+    if rc is None:
+        found["ok"] = False
+        found["error"] = (f"the probe was killed at {limit_s:g} s in stage {found.get('stage', 'start')!r} "
+                          "(its own watchdog did not end it)")
+    elif not found.get("ok"):
+        found["ok"] = False
+        found.setdefault("error", f"probe exit {rc} in stage {found.get('stage', 'start')!r}")
+    if not found["ok"]:
+        found["stderr_tail"] = stderr[-NCCL_PROBE_STDERR_TAIL:]
+    return found
+
+
+def _last_json(lines: list[str], prefix: str) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        if not line.startswith(prefix) or "{" not in line:
+            continue
+        try:
+            v = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        if isinstance(v, dict):
+            return v
+    return None
+
+
+def nccl_probe(bound_s: float = NCCL_PROBE_BOUND_S, deadline_s: float = NCCL_PROBE_DEADLINE_S,
+               device: str = "cuda") -> dict[str, Any]:
+    """Rank 0 of weight_sync's update group over NCCL on this GPU, with bound_s as the groups'
+    bound (see the module doc and docs/gpu.md; `device` is for tests' stand-ins). Each stage
+    prints `[nccl_probe <s>] <stage> <JSON so far>` to stderr; every wait is bounded, and at
+    deadline_s a watchdog prints the JSON so far (`error`: the stage it is stuck in) and every
+    thread's stack (`_probe_watchdog`)."""
     import asyncio
     from datetime import timedelta
 
-    import torch
+    t_start = time.monotonic()
+    out: dict[str, Any] = {"ok": False, "stage": "start", "bound_s": bound_s}
 
-    from common.services import free_port
-    from weight_sync.update_group import (
-        UpdateGroup,
-        init_custom_process_group,
-        nccl_nonblocking_options,
-    )
+    def stage(name: str, **found: Any) -> None:
+        out.update(found)
+        out["stage"] = name
+        out["at_s"] = round(time.monotonic() - t_start, 3)
+        print(f"[nccl_probe {out['at_s']:6.1f}s] {name} {json.dumps(out, sort_keys=True, default=str)}",
+              file=sys.stderr, flush=True)
 
-    out: dict[str, Any] = {"nonblocking": nccl_nonblocking_options() is not None,
-                           "nonblocking_timeout_env": os.environ.get("TORCH_NCCL_NONBLOCKING_TIMEOUT")}
+    stop_watchdog = _probe_watchdog(out, deadline_s)
+    try:
+        stage("imports")
+        import torch
+        from torch.distributed import distributed_c10d as c10d
 
-    def group(name: str, world: int) -> UpdateGroup:
-        g = UpdateGroup(name=name, members=[], clients=[], tp_sizes=[], backend="nccl", timeout_s=timeout_s,
-                        device="cuda:0")
-        g.pg = init_custom_process_group("nccl", f"tcp://127.0.0.1:{free_port()}", world, 0, name,
-                                         timedelta(seconds=g.group_timeout_s))
+        from common.services import free_port
+        from weight_sync.update_group import (
+            NONBLOCKING_TIMEOUT_ENV,
+            UpdateGroup,
+            init_custom_process_group,
+            nccl_nonblocking_options,
+            nccl_setup_bound,
+        )
+
+        env_before = os.environ.get(NONBLOCKING_TIMEOUT_ENV)
+        stage("nccl_setup_bound", torch=torch.__version__, nonblocking_timeout_env_before=env_before,
+              nonblocking_timeout=nccl_setup_bound(bound_s))  # before the process's first NCCL operation
+        v = torch.cuda.nccl.version()
+        stage("cuda", nccl=".".join(map(str, v)) if isinstance(v, tuple) else str(v),
+              device_name=torch.cuda.get_device_name(),
+              nonblocking=nccl_nonblocking_options() is not None)
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:600]
+        traceback.print_exc(file=sys.stderr)
+        stage("done")
+        stop_watchdog()
+        return out
+
+    async def settled(futs: list[asyncio.Future[Any]], limit_s: float) -> bool:
+        done, _ = await asyncio.wait(futs, timeout=limit_s)
+        return len(done) == len(futs)
+
+    def why(fut: asyncio.Future[Any]) -> str | None:
+        if not fut.done() or fut.cancelled() or fut.exception() is None:
+            return None
+        return f"{type(fut.exception()).__name__}: {fut.exception()}"[:400]
+
+    async def group(name: str, world: int) -> UpdateGroup:
+        g = UpdateGroup(name=name, members=[], clients=[], tp_sizes=[], backend="nccl", timeout_s=bound_s,
+                        device=device)
+        made = g._thread(init_custom_process_group, "nccl", f"tcp://127.0.0.1:{free_port()}", world, 0, name,
+                         timedelta(seconds=g.group_timeout_s))
+        if not await settled([made], 20):
+            raise RuntimeError(f"{name}: the group was not made within 20 s")
+        g.pg = made.result()
         return g
 
-    async def run() -> None:
-        one = group("probe-one-rank", 1)
+    async def one_rank(prefix: str) -> bool:
+        stage(f"{prefix}_group")
+        one = await group(f"probe-{prefix}", 1)
+        stage(f"{prefix}_bucket")
         t0 = time.monotonic()
-        await one._thread(one._broadcast, [torch.arange(1 << 22, device="cuda", dtype=torch.float32)])
-        out["one_rank_bucket_completed_s"] = round(time.monotonic() - t0, 3)
-        await one.close()
-        absent = group("probe-absent-peer", 2)
-        fut = absent._thread(absent._broadcast, [torch.ones(1024, device="cuda")])
-        await asyncio.wait([fut], timeout=3)
-        out["waits_for_the_absent_peer"] = not fut.done()
-        t0 = time.monotonic()
-        absent._break("probe: no peer joined", fut)
-        await asyncio.wait([fut], timeout=30)
-        out["thread_ended_after_abort"] = fut.done()
-        out["ended_after_abort_s"] = round(time.monotonic() - t0, 3) if fut.done() else None
-        if fut.done() and not fut.cancelled() and fut.exception() is not None:
-            out["thread_error"] = f"{type(fut.exception()).__name__}: {fut.exception()}"[:300]
+        fut = one._thread(one._broadcast, [torch.arange(1 << 22, device=device, dtype=torch.float32)])
+        done = await settled([fut], 30)
+        ok = done and why(fut) is None
+        stage(f"{prefix}_close", **{f"{prefix}_bucket_completed": ok,
+                                    f"{prefix}_bucket_s": round(time.monotonic() - t0, 3) if done else None,
+                                    f"{prefix}_bucket_error": why(fut) if done else "not done within 30 s"})
+        pg = one.pg
+        closed = await settled([asyncio.ensure_future(one.close())], 20)
+        out[f"{prefix}_closed"] = closed and one.running == 0 and pg not in c10d._world.pg_map
+        return bool(ok and out[f"{prefix}_closed"])
 
-    asyncio.run(run())
-    out["ok"] = bool(out["waits_for_the_absent_peer"] and out["thread_ended_after_abort"])
+    async def absent_peer() -> bool:
+        stage("absent_peer_group")
+        absent = await group("probe-absent-peer", 2)
+        pg = absent.pg
+        stage("absent_peer_setup_waits")
+        t0 = time.monotonic()
+        fut = absent._thread(absent._broadcast, [torch.ones(1024, device=device)])
+        await asyncio.wait([fut], timeout=min(3.0, bound_s / 2))
+        waits = not fut.done()
+        stage("absent_peer_break", waits_for_the_absent_peer=waits, early_error=why(fut))
+        t1 = time.monotonic()
+        absent._break("probe: the peer never joined", fut)  # as after a server's refusal
+        stage("absent_peer_thread_ends", break_returned_s=round(time.monotonic() - t1, 3))
+        ended = await settled([fut], bound_s + 15)
+        stage("absent_peer_teardown", thread_ended=ended,
+              thread_ended_s=round(time.monotonic() - t0, 3) if ended else None, thread_error=why(fut))
+        t2 = time.monotonic()
+        limit = 2 * bound_s + 15  # torch's abort waits up to the group's own timeout (2 x bound)
+        teardown = [t for t in absent._threads if not t.done()]
+        torn = await settled(teardown, limit) if teardown else True
+        out.update(teardown_done=torn, teardown_s=round(time.monotonic() - t2, 3) if torn else None,
+                   group_left=pg in c10d._world.pg_map)
+        return bool(waits and out["break_returned_s"] < 0.5 and ended and out["thread_ended_s"] <= bound_s + 3
+                    and torn and not out["group_left"])
+
+    async def run() -> None:
+        first = await one_rank("one_rank")
+        absent = await absent_peer()
+        after = await one_rank("next_group")  # the next update's group, once one was aborted
+        out["ok"] = first and absent and after
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:600]
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        loop.close()  # not asyncio.run: that would wait for threads still running (they are reported)
+    stage("done")
+    stop_watchdog()
     return out
+
+
+def _probe_watchdog(out: dict[str, Any], deadline_s: float) -> Callable[[], None]:
+    """At deadline_s, whatever the probe is stuck in: print `out` as the JSON line (`error`: the
+    stage) and every thread's stack to stderr, exit 3. A thread does it (torch releases the GIL
+    in its NCCL calls), and faulthandler, which needs no GIL, exits 10 s later should that
+    thread not run. Returns what stops both."""
+    import faulthandler
+
+    err = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr  # a file descriptor's, for faulthandler
+
+    def stuck() -> None:
+        out["error"] = f"stuck in stage {out.get('stage')!r} at {deadline_s:g} s"
+        print(json.dumps(out, sort_keys=True, default=str), flush=True)
+        print("[nccl_probe] every thread's stack:", file=err, flush=True)
+        faulthandler.dump_traceback(file=err, all_threads=True)
+        err.flush()
+        os._exit(3)
+
+    timer = threading.Timer(deadline_s, stuck)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(deadline_s + 10, exit=True, file=err)
+
+    def stop() -> None:
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
+
+    return stop
 
 
 # -- before anything runs ---------------------------------------------------------------------
@@ -834,8 +983,9 @@ def main(argv: list[str] | None = None) -> int:
         record_line(json.loads(Path(args.record_from).read_text().strip().splitlines()[-1]))
         return 0
     if args.nccl_probe:
-        print(json.dumps(nccl_probe(), sort_keys=True), flush=True)
-        os._exit(0)  # a thread abort() did not end must not hold the exit
+        found = nccl_probe()
+        print(json.dumps(found, sort_keys=True, default=str), flush=True)
+        os._exit(0 if found.get("ok") else 1)  # a thread nothing ended must not hold the exit
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the backend picks CUDA whenever it sees one
     early = {"device": args.device, "dtype": args.dtype, "tiny": args.tiny, "python": sys.version.split()[0],

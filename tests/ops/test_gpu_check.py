@@ -137,3 +137,87 @@ def test_what_the_check_imports_is_in_the_image_or_carried() -> None:
     """IMPORTS names a distribution the device image has or WHEELS carries, for every module."""
     known = {d.lower().replace("_", "-") for d in (*gpu_check.DEVICE_IMAGE, *gpu_check.WHEELS)}
     assert {d.lower().replace("_", "-") for d in gpu_check.IMPORTS.values()} <= known
+
+
+# -- weight_sync_nccl: the probe's process, as the check meets it --------------------------------
+def _fake_probe(body: str) -> list[str]:
+    return [sys.executable, "-c", f"import json, sys, time\n{body}"]
+
+
+def test_a_probe_that_hangs_is_killed_and_says_which_stage_it_reached() -> None:
+    partial = {"ok": False, "stage": "absent_peer_teardown", "thread_ended": True}
+    found = gpu_check.run_nccl_probe(2, _fake_probe(
+        f"print('[nccl_probe 1.0s] absent_peer_teardown ' + json.dumps({partial!r}), file=sys.stderr, flush=True)\n"
+        "time.sleep(60)"))
+    assert found["ok"] is False and found["exit"] is None and found["thread_ended"] is True
+    assert found["stage"] == "absent_peer_teardown" and "killed at 2 s in stage 'absent_peer_teardown'" in found["error"]
+    assert "absent_peer_teardown" in found["stderr_tail"]
+
+
+def test_a_probe_that_crashes_reports_its_stderr_and_one_that_passes_does_not() -> None:
+    found = gpu_check.run_nccl_probe(20, _fake_probe("raise SystemExit('no CUDA here')"))
+    assert found == {"exit": 1, "ok": False, "error": "probe exit 1 in stage 'start'", "stderr_tail": "no CUDA here\n"}
+    found = gpu_check.run_nccl_probe(20, _fake_probe("print(json.dumps({'ok': True, 'stage': 'done'}))"))
+    assert found == {"ok": True, "stage": "done", "exit": 0}
+
+
+def test_a_stuck_probe_prints_its_stage_and_every_thread_stack() -> None:
+    cmd = [sys.executable, "-c", f"import sys, time; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+           "import gpu_check; gpu_check._probe_watchdog({'ok': False, 'stage': 'absent_peer_break'}, 0.5); "
+           "time.sleep(60)"]
+    found = gpu_check.run_nccl_probe(30, cmd)
+    assert found["exit"] == 3 and found["ok"] is False and found["stage"] == "absent_peer_break"
+    assert found["error"] == "stuck in stage 'absent_peer_break' at 0.5 s"
+    assert "every thread's stack" in found["stderr_tail"] and "time.sleep" not in found["error"]
+    assert 'File "<string>"' in found["stderr_tail"]  # the main thread's frame, where it sat
+
+
+def test_the_probe_runs_its_stages_on_cpu_stand_ins(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The probe's own logic, without NCCL: a stand-in group whose set-up holds a lock until its
+    own timeout (bound + 1 s) as torch's does, and whose abort() needs that lock."""
+    import threading
+    import time
+
+    import torch
+
+    from weight_sync import update_group
+
+    class StandIn:
+        def __init__(self, world: int) -> None:
+            self.world, self.lock, self.aborted = world, threading.Lock(), False
+
+        def broadcast(self) -> None:
+            if self.world > 1:  # the peer never joins
+                with self.lock:
+                    time.sleep(2.0)
+                raise RuntimeError("NCCL timeout in: NCCLUtils.cpp (stand-in)")
+
+        def abort(self) -> None:
+            with self.lock:
+                self.aborted = True
+
+    made: list[StandIn] = []
+    destroyed: list[StandIn] = []
+
+    def make(_backend: str, _init: str, world: int, *_a: object) -> StandIn:
+        made.append(StandIn(world))
+        return made[-1]
+
+    monkeypatch.setenv(update_group.NONBLOCKING_TIMEOUT_ENV, "1")
+    monkeypatch.delenv(update_group.NONBLOCKING_TIMEOUT_ENV)
+    monkeypatch.setattr(update_group, "init_custom_process_group", make)
+    monkeypatch.setattr(update_group, "destroy_process_group", destroyed.append)
+    monkeypatch.setattr(update_group.UpdateGroup, "_broadcast", lambda self, _t: self.pg.broadcast())
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "stand-in")
+    out = gpu_check.nccl_probe(bound_s=1.0, deadline_s=60, device="cpu")
+    assert out["ok"], out
+    assert out["nonblocking_timeout"] == 1 and out["nonblocking_timeout_env_before"] is None
+    assert out["waits_for_the_absent_peer"] and out["break_returned_s"] < 0.5
+    assert out["thread_ended"] and "NCCL timeout" in out["thread_error"] and out["teardown_done"]
+    assert [g.world for g in made] == [1, 2, 1] and destroyed == made and made[1].aborted
+    assert out["one_rank_bucket_completed"] and out["next_group_bucket_completed"]
+    stages = [line.split()[2] for line in capsys.readouterr().err.splitlines() if line.startswith("[nccl_probe")]
+    assert stages == ["imports", "nccl_setup_bound", "cuda", "one_rank_group", "one_rank_bucket", "one_rank_close",
+                      "absent_peer_group", "absent_peer_setup_waits", "absent_peer_break", "absent_peer_thread_ends",
+                      "absent_peer_teardown", "next_group_group", "next_group_bucket", "next_group_close", "done"]
