@@ -36,9 +36,11 @@ The checks, in order, each phase under its own time limit and the whole under --
   verified), loaded into swarl's inference engine (as /update_weights_from_disk does), bit-equal
   there, and a generation's logprobs against the learner's on the same tokens;
 - weight_sync_nccl (CUDA): rank 0 of weight_sync's update group over NCCL, in a subprocess of its
-  own: a one-rank bucket counts once its kernels completed, and with a peer that never joins (a
-  server that refused or died) the lazy set-up inside the first broadcast waits, and abort()
-  ends it and rank 0's thread (the non-blocking communicator).
+  own (`--nccl-probe`; each stage's progress on stderr), its groups' bound 10 s: a one-rank bucket
+  counts once its kernels completed; with a peer that never joins (a server that refused or
+  died) the lazy set-up inside the first broadcast waits, giving the group up does not block,
+  rank 0's thread ends within the bound (TORCH_NCCL_NONBLOCKING_TIMEOUT, which abort() cannot
+  cut short), the abort and destroy after it end and leave no group; then a new group works.
 
 Progress goes to stderr; stdout gets ONE JSON line with every figure and `ok` per check. Exit 0
 when every check passed, 1 when one failed (or the deadline passed), 2 on bad arguments.
