@@ -47,6 +47,13 @@ def learner(
             typer.echo(f"swarl learner: torchrun exited with {code} (the failed rank is named above); "
                        "continue the run with --resume", err=True)
         raise typer.Exit(code)
+    ws = cfg.weight_sync
+    if ws.transport == "distributed" and ws.backend != "gloo" and cfg.learner.publish == "weight_sync":
+        from weight_sync.update_group import nccl_setup_bound
+
+        # before the process's first NCCL operation (training's included): torch reads the bound
+        # of rank 0's non-blocking update-group set-up once, at the first one
+        nccl_setup_bound(ws.group_timeout_s)
     try:
         if under_torchrun:  # the ranks share the configured Redis; none starts its own
             state = asyncio.run(run_learner(learner_runtime(cfg), resume, publisher_factory(cfg)))
