@@ -121,10 +121,13 @@ class HttpJudge:
     def __init__(self, urls: Callable[[], Awaitable[list[str]]], api_key: str | None, timeout_s: float) -> None:
         import httpx
 
+        from common.http import tls_context
+
         self._urls = urls
         self._rr = itertools.count()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                      verify=tls_context())
 
     async def chat(self, messages: list[dict[str, str]], cfg: PrmConfig) -> str:
         urls = await self._urls()
