@@ -167,6 +167,7 @@ class Rollouts:
         job = EpisodeJob.from_payload(payload, need_image=self.a.environment == "envd")
         if await self.redis.sismember(self.keys.jobs_done, job.job_id):
             return {"skipped": "already done"}
+        _honor_cancel()
         final_try = job_try >= self.rt.queue.max_tries
         pin_id = f"{self.actor_id}:{job.job_id}:{job_try}"
         # trainable: samples the learner can train on were written; a rollout that ends
@@ -185,8 +186,10 @@ class Rollouts:
         try:
             await slot.take()
             admitted = await self._admit(job)
+            _honor_cancel()
             self._past_admission.add(job.job_id)
             server = await self._pin(pin_id)
+            _honor_cancel()
             t_busy = time.monotonic()
             renew = asyncio.create_task(self._keep_pin(server.id, pin_id, stop_renewing))
             policy = ServerPolicy(server.url, self.api_key, self.a.generate_timeout_s)
@@ -444,6 +447,16 @@ class Rollouts:
             await self.pool.aclose()
         if self.judge is not None:
             await self.judge.aclose()
+
+
+def _honor_cancel() -> None:
+    """Raise CancelledError if this task was cancelled and the cancellation was swallowed: redis-py
+    5.3 now and then catches a cancellation that lands inside a command (redis-py #2028/#2551; see
+    _keep_pin), and the job would otherwise run its whole episode after a SIGTERM's hand-back or a
+    stop. The task still counts the request (Task.cancelling)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class _Slot:
