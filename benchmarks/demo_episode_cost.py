@@ -114,12 +114,17 @@ def episodes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def creates(run_dir: Path) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"agent": [], "grading": []}
+    """Create seconds of the agents' containers (fresh, or reused: envd.reuse) and the grading ones;
+    `refused`: one 0 per reset that failed (the container destroyed)."""
+    out: dict[str, list[float]] = {"agent": [], "reused": [], "grading": [], "refused": []}
     log = run_dir / "logs" / "envd.log"
     for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
         m = _CREATED.search(line)
         if m:
-            out["grading" if m.group(1).startswith("eval-") else "agent"].append(float(m.group(2)))
+            kind = "grading" if m.group(1).startswith("eval-") else "reused" if "reused=True" in line else "agent"
+            out[kind].append(float(m.group(2)))
+        elif "reset_refused" in line:
+            out["refused"].append(0.0)
     return out
 
 
@@ -156,6 +161,8 @@ def summarize(run_dir: Path, window: float, cpu0: dict[str, float], cpu1: dict[s
     trained = sum(int(s.get("episodes", 0)) for s in steps)
     phases = {
         "create (agent container)": stats(made["agent"]),
+        "agent container reused (envd.reuse)": stats(made["reused"]),
+        "reset refused (container destroyed)": stats(made["refused"]),
         "create (grading container)": stats(made["grading"]),
         "exec (agent commands, per episode)": stats([x["env_execution_time_sum"] for x in m]),
         "generation (per episode)": stats([x["model_query_time_sum"] for x in m]),
@@ -182,7 +189,7 @@ def summarize(run_dir: Path, window: float, cpu0: dict[str, float], cpu1: dict[s
 
 def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
     labels = list(all_runs)
-    phase_names = list(next(iter(all_runs.values()))["phases"])
+    phase_names = list(dict.fromkeys(p for r in all_runs.values() for p in r["phases"]))
     rows: list[list[object]] = []
     for ph in phase_names:
         rows.append([ph, *(f"{r['phases'][ph]['mean']:.3g} / {r['phases'][ph]['p50']:.3g} (n {r['phases'][ph]['n']})"
