@@ -4,8 +4,8 @@ leases, never the container a patch is graded in (docs/security.md: grading is f
 
 The reset trusts nothing the episode left:
 1. **Processes**: the container is restarted (SIGKILL to its init, then started): the kernel ends
-   every process of its pid namespace, and the start makes new /dev, /dev/shm, IPC and
-   /etc/hosts. Killing processes from inside would not do: the episode's root could ptrace the
+   every process of its pid namespace, and the start makes new /dev, /dev/shm, IPC and writes
+   /etc/hosts and /etc/hostname again. Killing processes from inside would not do: the episode's root could ptrace the
    survivor it was meant to keep.
 2. **Files outside the repository**: Docker's own view of the writable layer (`docker diff`)
    outside the repository must equal the one recorded when the image's first container was
@@ -15,8 +15,8 @@ The reset trusts nothing the episode left:
 3. **The repository** (the lease's cwd) is not reset with git, whose config and hooks the episode
    could have written (code that would run in the reset): it is deleted and restored from the
    archive taken of the fresh container, then its manifest (every entry's type, mode, owner,
-   size and link target, every file's sha256, and /etc/hosts, hostname, resolv.conf) must equal
-   the fresh container's.
+   size and link target, every file's sha256, and /etc/hosts and resolv.conf, which Docker mounts
+   outside its view) must equal the fresh container's, and /etc/hostname hold its own hostname.
 Any failure destroys the container; the next create makes a fresh one. Ready containers hold no
 lease: a crash leaves them to the next start-up's orphan sweep.
 """
@@ -36,10 +36,13 @@ from common.logs import get_logger
 log = get_logger("envd.reuse")
 
 BASELINES_MAX = 256  # images whose fresh state is remembered (least recently used forgotten)
-# the manifest of a repository and of the files Docker writes into a container at start
-MANIFEST = ('cd / && find "$1" -printf "%y %m %U %G %s %p -> %l\\n" | LC_ALL=C sort && '
+# the manifest of a repository (a directory's size is the filesystem's, not its content), then the
+# files Docker writes into a container and mounts over the image's: the same for every container
+# of a node but /etc/hostname, which must hold the container's own hostname
+MANIFEST = ('cd / && { find "$1" -type d -printf "%y %m %U %G %p\\n"; '
+            'find "$1" ! -type d -printf "%y %m %U %G %s %p -> %l\\n"; } | LC_ALL=C sort && '
             'find "$1" -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum && '
-            'sha256sum /etc/hosts /etc/hostname /etc/resolv.conf')
+            'sha256sum /etc/hosts /etc/resolv.conf && cat /etc/hostname')
 
 
 class ResetError(Exception):
@@ -81,10 +84,16 @@ def repo_dir(cwd: str) -> str:
 
 
 def manifest(ops: Ops, cid: str, cwd: str) -> str:
+    """The repository's manifest, the mounted /etc files' digests, and the hostname file checked
+    against the container's hostname (left out: it differs from container to container)."""
     code, out = ops.run(cid, ["sh", "-c", MANIFEST, "sh", cwd])
     if code != 0:
         raise ResetError(f"the manifest of {cwd} failed ({code}): {out[-300:]}")
-    return out
+    body, _, hostname = out.rstrip("\n").rpartition("\n")
+    expected = str(ops.inspect(cid).get("Config", {}).get("Hostname", ""))
+    if hostname != expected:
+        raise ResetError(f"/etc/hostname holds {hostname[:80]!r}, not the container's hostname {expected!r}")
+    return body
 
 
 def capture(ops: Ops, cid: str, cwd: str, max_bytes: int) -> Baseline:
@@ -113,8 +122,10 @@ def reset(ops: Ops, cid: str, base: Baseline) -> None:
     if code != 0:
         raise ResetError(f"could not remove {base.cwd} ({code}): {out[-300:]}")
     ops.restore(cid, base.cwd, base.archive)
-    if manifest(ops, cid, base.cwd) != base.manifest:
-        raise ResetError(f"{base.cwd} differs from the fresh container's after the restore")
+    now = manifest(ops, cid, base.cwd)
+    if now != base.manifest:
+        diff = sorted(set(now.splitlines()) ^ set(base.manifest.splitlines()))
+        raise ResetError(f"{base.cwd} differs from the fresh container's after the restore: {diff[:4]}")
 
 
 @dataclass

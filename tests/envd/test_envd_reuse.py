@@ -29,6 +29,8 @@ IN_REPO = ("echo changed >> calc.py && echo new > new.txt && mkdir -p build && e
            "printf '#!/bin/sh\\ntouch /tmp/hook-ran\\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout && "
            "(setsid nohup sleep 1000 >/dev/null 2>&1 &) && "
            "(setsid nohup sh -c 'while true; do date > /testbed/late; sleep 0.2; done' >/dev/null 2>&1 &) && true")
+# the files Docker mounts into a container (not in docker diff): written again at every start
+DOCKER_FILES = "echo other > /etc/hostname && echo '10.0.0.1 pypi.org' >> /etc/hosts"
 OUTSIDE = {
     "tmp": "echo secret > /tmp/answer",
     "home": "mkdir -p /root/.cache/pip && echo x > /root/.cache/pip/log",
@@ -96,9 +98,10 @@ def _release(api: httpx.Client, cid: str) -> None:
 
 def test_a_reset_container_holds_nothing_of_its_episode(api, test_image):
     fresh = _create(api, test_image, reuse=False)
-    clean, procs = _run(api, fresh, REPO_STATE), _run(api, fresh, PROCS)
+    clean, procs, hosts = _run(api, fresh, REPO_STATE), _run(api, fresh, PROCS), _run(api, fresh, "cat /etc/hosts")
     cid = _create(api, test_image)
     _run(api, cid, IN_REPO)
+    _run(api, cid, DOCKER_FILES)
     assert _run(api, cid, "git log --oneline | wc -l").strip() == "2" and "sleep" in _run(api, cid, PROCS)
     _release(api, cid)
     assert _metric(api, "envd_reuse_resets_total", "ok") == 1
@@ -112,6 +115,7 @@ def test_a_reset_container_holds_nothing_of_its_episode(api, test_image):
     _run(api, again, "git status --porcelain && test -z \"$(git status --porcelain)\"")
     # git ran in the repository above: had the reset (or this) run the episode's config or hook
     assert _run(api, again, "ls -A /tmp").split() == []
+    assert _run(api, again, "cat /etc/hostname").strip() == again[:12] and _run(api, again, "cat /etc/hosts") == hosts
     api.post("/container/destroy", json={"container_id": fresh})
 
 
@@ -126,6 +130,20 @@ def test_an_unverifiable_reset_destroys_the_container(api, test_image, docker_ur
     assert nxt != cid and _metric(api, "envd_reuse_takes_total", "miss") == 2
     # the next one is fresh: nothing in the temporary directories, one sleep (the container's own)
     assert _run(api, nxt, "find /tmp /var/tmp -mindepth 1 | wc -l; pgrep -xc sleep").split() == ["0", "1"]
+
+
+def test_any_container_of_the_image_is_reset_to_its_first_ones_state(api, test_image):
+    """The image's fresh state is recorded once, from its first container; a second one, used
+    and reset, is checked against it (its own hostname, the same repository)."""
+    first, second = _create(api, test_image), _create(api, test_image)
+    clean = _run(api, first, REPO_STATE)
+    _run(api, second, IN_REPO)
+    _release(api, second)
+    assert _metric(api, "envd_reuse_resets_total", "ok") == 1
+    again = _create(api, test_image)
+    assert again == second and _run(api, again, REPO_STATE) == clean
+    assert _run(api, again, "cat /etc/hostname").strip() == second[:12]
+    api.post("/container/destroy", json={"container_id": first})
 
 
 def test_grading_and_plain_creates_never_get_a_reused_container(api, test_image):
