@@ -201,6 +201,13 @@ def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
     cpu_keys = sorted({k for r in all_runs.values() for k in r["cpu_s"]})
     for k in cpu_keys:
         rows.append([f"CPU s: {k}", *(r["cpu_s"].get(k, "-") for r in all_runs.values())])
+    ours = ("actor", "envd", "inference", "learner", "pool", "redis")
+    rows.append(["CPU s per episode: swarl's processes", *(
+        round(sum(r["cpu_s"].get(k, 0.0) for k in ours) / max(1, r["episodes"]), 3) for r in all_runs.values())])
+    rows.append(["CPU s per episode: learner", *(
+        round(r["cpu_s"].get("learner", 0.0) / max(1, r["episodes"]), 3) for r in all_runs.values())])
+    rows.append(["CPU s per episode: docker engine (shared)", *(
+        round(r["cpu_s"].get("docker engine", 0.0) / max(1, r["episodes"]), 3) for r in all_runs.values())])
     rows.append(["load average (1 min) start / end", *(f"{r['load_avg_start'][0]} / {r['load_avg_end'][0]}"
                                                          for r in all_runs.values())])
     rows.append(["commit", *(r["commit"] for r in all_runs.values())])
@@ -212,7 +219,8 @@ def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
                                                    f"{' '.join(r['sets']) or 'defaults'}" for k, r in all_runs.items())
              + ". Creates from envd's log (the agent's runs beside the first turn); exec, generation and grading "
              "from each episode's trajectory metrics; learner step = step_time_s + checkpoint_s + publish_s. "
-             "CPU seconds over the window per process; 'docker engine' (dockerd, containerd, shims) and "
+             "CPU seconds over the window per process, and per episode (the figure the machine's other load "
+             "moves least); 'docker engine' (dockerd, containerd, shims) and "
              "'containers' (cgroup cpuacct) count everything on the shared engine, other sessions' work included. "
              "The machine (2 cores) is shared: compare columns only with their load averages.")
     summary = {label: {k: r[k] for k in ("episodes_per_min", "episodes", "learner_steps", "samples_trained",
@@ -229,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None,
                     help="a model directory instead of the demo's cached warm start (plumbing checks only)")
     ap.add_argument("--no-record", action="store_true", help="print only; RESULTS.md and the JSON stay")
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite RESULTS.md from the JSON (no run)")
     a = ap.parse_args(argv)
+    if a.rewrite:
+        write_results(json.loads(OUT.read_text()))
+        return 0
     result = measure(a.minutes, a.sets, a.run_dir, a.model)
     if not a.no_record:
         runs = json.loads(OUT.read_text()) if OUT.exists() else {}
