@@ -102,6 +102,14 @@ class ActorConfig(Section):
     dynamic_history: bool = Field(
         default=True, description="One training sample per step whose prompt is exactly the context "
         "the model saw. Off: one sample per episode (then truncation ends the episode instead).")
+    sample_per: Literal["step", "auto"] = Field(
+        default="step", description="With dynamic_history, the samples of an episode. step: one per "
+        "step. auto: one per episode when no step's context was cut (it then holds exactly the steps' "
+        "trained tokens and logprobs, each after the very context it was generated from, and the "
+        "prompt once instead of once per step), one per step otherwise; per step as well with PRM "
+        "judging (its scores and step rewards are per step). The learner's loss is the same up to "
+        "its aggregation weights (learner.aggregation sequence weighs samples, so a step sample's "
+        "turn and an episode sample's whole episode).")
     reward_resolved: float = Field(default=1.0, description="Reward of a resolved instance.")
     reward_unresolved: float = Field(default=-1.0, description="Reward of an unresolved instance.")
     format_error_penalty: float = Field(default=0.0, description="Subtracted from the reward per format error.")

@@ -212,7 +212,7 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
         return [sample(0, 1, p, [0] * len(p), [0.0] * len(p), len(p), [])]
     # one block of the conversation per step: a garbled reply's tokens may be left out of the loss
     trained = [0 if cfg.mask_format_errors and s.format_error else 1 for s in steps]
-    if cfg.dynamic_history:
+    if cfg.dynamic_history and not one_sample(cfg, ep):
         out = []
         for k, s in enumerate(steps):
             n_p, n_a, n_c = len(s.prompt_ids), len(s.answer_ids), len(s.closing_ids)
@@ -232,6 +232,23 @@ def build_samples(cfg: ActorConfig, ep: EpisodeResult, policy_version: int) -> l
         av = answer_v[i] if len(answer_v[i]) == len(b.answer) else [turn_v[i]] * len(b.answer)
         tv += [-1] * len(b.gen_prompt) + av + [-1] * (len(b.closing) + len(obs))
     return [sample(0, 1, tokens, mask, lps, len(conv.prompt), versions, tv)]
+
+
+def one_sample(cfg: ActorConfig, ep: EpisodeResult) -> bool:
+    """Whether the episode's steps go into one sample (actor.sample_per auto): no step's context
+    was cut, so every step saw the conversation up to it unchanged, the prompt of the last step
+    holds all earlier ones, and one sample carries each trained token after the very context the
+    step's sample would. Step rewards and PRM scores stay per step."""
+    if cfg.sample_per != "auto" or ep.prm or ep.step_rewards is not None:
+        return False
+    steps, conv = ep.agent.steps, ep.agent.conversation
+    if any(s.n_omitted for s in steps):
+        return False
+    last = steps[-1]
+    full = conv.full_ids()
+    end = len(full) - len(conv.blocks[-1].observation)
+    # defensive: the last step's sample must be the conversation up to its answer, token for token
+    return full[:end] == last.prompt_ids + last.answer_ids + last.closing_ids
 
 
 def _as_version(v: str, default: int) -> int:

@@ -43,8 +43,8 @@ JOB_FUNCTION = "rollout"
 KEEP_RESULT_S = 7 * 24 * 3600
 FINALISE_S = 60  # arq's timeout exceeds swarl's by this much: time to record a timed-out job
 __all__ = ["JOB_FUNCTION", "Job", "JobFormatError", "Retry", "SwarlWorker", "arq_pool", "arq_redis",
-           "create_worker", "dump_job", "enqueue_jobs", "epoch_order", "load_job", "record_failure",
-           "worker_settings"]
+           "create_worker", "dump_job", "enqueue_jobs", "epoch_order", "jobs_for", "jobs_for_group", "load_job",
+           "record_failure", "worker_settings"]
 _PICKLE_PROTO = 0x80  # every pickle of protocol >= 2 starts with PROTO 0x80
 
 Rollout = Callable[[dict[str, Any], dict[str, Any]], Awaitable[Any]]
@@ -203,6 +203,19 @@ def jobs_for(keys: Keys, instance: dict[str, Any], data_source: str, n_samples: 
     group_id = keys.group_id(iid, epoch)
     return [Job(instance, group_id, i, n_samples, data_source, keys.job_id(iid, epoch, i))
             for i in range(n_samples)]
+
+
+def jobs_for_group(keys: Keys, instances: list[dict[str, Any]], data_source: str, n_each: int,
+                   epoch: int = 0) -> list[Job]:
+    """One group of `n_each` samples of each of `instances`, interleaved (A, B, A, B, ...): the
+    learner trains a group whole, in one step, with one baseline (the mean reward over all of
+    it), so what the instances share cancels in the advantages. One instance: `jobs_for`."""
+    if len(instances) == 1:
+        return jobs_for(keys, instances[0], data_source, n_each, epoch)
+    name = "+".join(str(i["instance_id"]) for i in instances)
+    group_id, n = keys.group_id(name, epoch), n_each * len(instances)
+    return [Job(instances[k % len(instances)], group_id, k, n, data_source, keys.job_id(name, epoch, k))
+            for k in range(n)]
 
 
 def epoch_order(rows: list[Any], epochs: Iterable[int], seed: int | None = 0) -> list[tuple[Any, int]]:

@@ -271,7 +271,7 @@ class EnvdClient:
 
     async def create_info(self, image: str, ttl_s: float | None = None, lease: str | None = None,
                           labels: dict[str, str] | None = None,
-                          http_timeout_s: float | None = None) -> dict[str, Any]:
+                          http_timeout_s: float | None = None, reuse: bool = False) -> dict[str, Any]:
         """create's whole answer: container_id, name, lease, expires, labels, pulled, pull_s,
         create_s. A missing image is pulled first; a failed pull is an EnvError (502) with
         reason `pull_failed`."""
@@ -283,6 +283,8 @@ class EnvdClient:
             body["lease"] = lease
         if labels:
             body["labels"] = labels
+        if reuse:
+            body["reuse"] = True
         return await self.call("POST", "/container/create", body,
                                timeout_s=http_timeout_s or self.http.timeout_s + CREATE_SLACK_S)
 

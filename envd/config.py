@@ -49,6 +49,19 @@ class EnvdConfig(Section):
     warm_max: int = Field(16, ge=0, description="At most this many warm containers on the node in all.")
     warm_idle_s: float = Field(
         300.0, gt=0, description="Warm containers of an image no create asked for this long are destroyed.")
+    reuse_per_image: int = Field(
+        0, ge=0, description="Containers of an image kept after their lease, reset to the image's state "
+        "and handed to the next create that allows it (the pool's leases; never a grading container): "
+        "restarted (no process survives), nothing outside the repository changed in Docker's view of "
+        "the writable layer, the repository restored and checked against the fresh container's "
+        "(envd.reuse). A container that fails any check is destroyed. 0: off (measured no faster than "
+        "a fresh create on the demo: benchmarks/RESULTS.md demo_episode_cost).")
+    reuse_max: int = Field(16, ge=0, description="At most this many containers kept or being reset for reuse on the node.")
+    reuse_max_uses: int = Field(8, ge=2, description="Leases one container serves at most before it is destroyed.")
+    reuse_idle_s: float = Field(120.0, gt=0, description="A reset container no create took for this long is destroyed.")
+    reuse_max_repo_bytes: ByteSize = Field(
+        ByteSize(64 * 1024 * 1024), description="Largest repository (the lease's cwd, as a tar) kept in "
+        "memory per image to restore it; an image with a larger one is not reused.")
     eval_timeout_s: float = Field(3600.0, description="Default bound on running an evaluation script.")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")
     registry: str | None = Field(

@@ -42,6 +42,7 @@ from envd.image_cache import ImageCache, NotPullable, PullFailed
 from envd.image_index import ImageIndex
 from envd.leases import LeaseStore, MemoryLeases, RedisLeases
 from envd.metrics import CONTENT_TYPE_LATEST, EnvdMetrics, generate_latest
+from envd.reuse import Ready, ResetError, ReusePool, capture, repo_dir, reset
 from envd.schemas import (
     DIFF_TIMEOUT_S,
     ContainerReq,
@@ -59,10 +60,11 @@ log = get_logger("envd")
 
 # The patch is what follows the mark: exec merges stderr into the output, and neither the login
 # shell's complaints (a container whose processes are exhausted: "/etc/profile: fork: retry") nor
-# git's warnings may end up in the patch; git's stderr goes to a file, shown only on failure.
+# git's warnings may end up in the patch; git's stderr goes to a file, shown only on failure and
+# removed either way (a container kept for reuse must hold no file outside the repository).
 DIFF_MARK = "\n>>>>> swarl patch\n"
 DIFF_COMMAND = ("e=/tmp/.swarl-diff.err; git add -A >/dev/null 2>$e && printf '\\n>>>>> swarl patch\\n' "
-                "&& git diff --cached 2>>$e || { s=$?; cat $e; exit $s; }")
+                "&& git diff --cached 2>>$e; s=$?; [ $s -eq 0 ] || cat $e; rm -f $e; exit $s")
 T = TypeVar("T")
 EVAL_PATH = "/tmp/swarl_eval.sh"
 APPLY_TIMEOUT_S = 120
@@ -84,6 +86,9 @@ class Owned:
     created: float
     last_used: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)  # the create's own (not swarl's)
+    made_labels: dict[str, str] = field(default_factory=dict)  # its Docker labels
+    reuse_cwd: str | None = None  # the repository a reset restores (envd.reuse); None: destroyed when done
+    uses: int = 1                 # leases it served, this one included
 
 
 class Envd:
@@ -103,6 +108,8 @@ class Envd:
         self.images: ImageCache | None = None
         self.warm = WarmPool(ecfg.warm_per_image, ecfg.warm_max, ecfg.warm_idle_s,
                              self._make_warm, self._destroy_warm)
+        self.reuse = ReusePool(ecfg.reuse_per_image, ecfg.reuse_max, ecfg.reuse_max_uses, ecfg.reuse_idle_s,
+                               self._reset_one, self._destroy_unowned, self._on_reset)
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -125,6 +132,7 @@ class Envd:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.warm.close()
+        await self.reuse.close()
         if isinstance(self.leases, MemoryLeases) and self.owned:
             # In-memory leases die with this process, so nobody could renew these containers:
             # destroy them now rather than at the next start-up (which may never come).
@@ -169,6 +177,7 @@ class Envd:
                     log.info("lease_expired", container_id=cid[:12])
                     await self._destroy(cid, "expired")
                 await self.warm.sweep()
+                await self.reuse.sweep()
             except Exception as e:  # keep reaping whatever one round hit
                 log.error("reap_failed", error=repr(e))
 
@@ -192,9 +201,48 @@ class Envd:
         return made
 
     async def _destroy_warm(self, cid: str) -> None:
+        await self._destroy_unowned(cid, "warm")
+
+    async def _destroy_unowned(self, cid: str, reason: str) -> None:
+        """A container held by no lease (warm, or kept or reset for reuse)."""
         assert self.backend
         await self.run(self.backend.destroy, cid)
-        self.metrics.destroyed.labels("warm").inc()
+        self.metrics.destroyed.labels(reason).inc()
+
+    async def _reset_one(self, cid: str, base: Any) -> None:
+        assert self.backend
+        await self.run(reset, self.backend, cid, base)
+
+    def _on_reset(self, ok: bool, seconds: float) -> None:
+        self.metrics.reuse_resets.labels("ok" if ok else "failed").inc()
+        self.metrics.reuse_reset_seconds.observe(seconds)
+
+    async def release(self, c: Owned) -> None:
+        """The lease of `c` ended: kept for reuse (reset in the background) when it may be, else destroyed."""
+        if c.reuse_cwd is not None and self.reuse.enabled and self.reuse.give_back(
+                Ready(c.id, c.name, c.made_labels, c.uses), c.image, c.reuse_cwd):
+            await self.leases.remove(c.id)
+            self.owned.pop(c.id, None)
+            self.metrics.containers.set(len(self.owned))
+            return
+        await self._destroy(c.id, "destroyed")
+
+    async def _reuse_cwd(self, req: CreateReq, cid: str, reused: bool) -> str | None:
+        """The repository a reset of this container would restore, its image's fresh state
+        recorded first (from this very container, before anyone ran anything in it); None: the
+        container is not to be reused."""
+        assert self.backend
+        if not (req.reuse and self.reuse.enabled):
+            return None
+        try:
+            cwd = repo_dir(req.cwd)
+            if not reused and self.reuse.baseline(req.image, cwd) is None:
+                base = await self.run(capture, self.backend, cid, cwd, int(self.ecfg.reuse_max_repo_bytes))
+                self.reuse.remember(req.image, cwd, base)
+        except Exception as e:  # ResetError, or Docker failing: this container is simply not reused
+            log.info("not_reusable", image=req.image, reason=f"{type(e).__name__}: {e}"[:300])
+            return None
+        return cwd
 
     def lookup(self, container_id: str) -> Owned:
         c = self.owned.get(container_id)
@@ -226,12 +274,20 @@ class Envd:
             except NotPullable as e:
                 raise ApiError(404, str(e), image=req.image) from None
             t0 = time.monotonic()
+            reused = None
+            if req.reuse and self.reuse.enabled:  # a container an earlier lease used, reset (envd.reuse)
+                with contextlib.suppress(ResetError):
+                    reused = self.reuse.take(req.image, repo_dir(req.cwd), await self.run(self.backend.image_id,
+                                                                                           req.image))
+                self.metrics.reuse_takes.labels("hit" if reused else "miss").inc()
             # a warm container is what the create below would make, made earlier (envd.warm);
             # a started container's labels cannot change: the request's are kept in /status
-            warm = self.warm.take(req.image) if self.warm.enabled and req.warm else None
-            if self.warm.enabled:
+            warm = self.warm.take(req.image) if self.warm.enabled and req.warm and reused is None else None
+            if self.warm.enabled and reused is None:
                 self.metrics.warm_takes.labels("hit" if warm else "miss").inc()
-            if warm is not None:
+            if reused is not None:
+                cid, name, labels = reused.id, reused.name, reused.labels
+            elif warm is not None:
                 cid, name, labels = warm.id, warm.name, warm.labels
             else:
                 # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled
@@ -246,13 +302,16 @@ class Envd:
         # Lease first-class from here on: a crash now leaves a labelled container the next
         # start-up either adopts (lease live) or destroys.
         await self.leases.put(cid, now + ttl)
-        self.owned[cid] = Owned(cid, name, req.image, lease, ttl, now, labels=dict(req.labels))
-        if warm is None:
+        self.owned[cid] = c = Owned(cid, name, req.image, lease, ttl, now, labels=dict(req.labels),
+                                    made_labels=dict(labels), uses=reused.uses + 1 if reused else 1)
+        c.reuse_cwd = await self._reuse_cwd(req, cid, reused is not None)
+        if warm is None and reused is None:
             self.metrics.created.inc()
         self.metrics.create_seconds.observe(create_s)
         self.metrics.containers.set(len(self.owned))
         log.info("container_created", container_id=cid[:12], image=req.image, lease=lease,
-                 create_s=round(create_s, 3), pull_s=round(pull.seconds, 3), warm=warm is not None)
+                 create_s=round(create_s, 3), pull_s=round(pull.seconds, 3), warm=warm is not None,
+                 reused=reused is not None)
         return {"ok": True, "container_id": cid, "name": name, "node_id": self.node_id,
                 "lease": lease, "expires": now + ttl, "labels": labels,
                 "pulled": pull.pulled, "pull_s": round(pull.seconds, 3), "create_s": round(create_s, 3)}
@@ -305,6 +364,7 @@ class Envd:
             return {**base, **self._refuse(c, found)}
         await self.touch(c)
         if instance is None:
+            c.reuse_cwd = None  # the script and patch land in /tmp of this container: not reused
             result = await self._run_eval(c, req.patch, script, req.cwd, timeout, reset=True)
             result.pop("log", None)
             result.pop("nonce", None)
@@ -518,7 +578,8 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
         }
         return {"ok": True, "active_containers": len(containers), "containers": containers,
                 "node_id": envd.node_id,
-                "warm": {image: len(ws) for image, ws in envd.warm.ready.items() if ws}}
+                "warm": {image: len(ws) for image, ws in envd.warm.ready.items() if ws},
+                "reuse": {image: len(rs) for (image, _), rs in envd.reuse.ready.items() if rs}}
 
     @app.post("/container/create")
     async def create(req: CreateReq) -> dict[str, Any]:
@@ -554,7 +615,7 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
     @app.post("/container/destroy")
     async def destroy(req: ContainerReq) -> dict[str, Any]:
         c = envd.lookup(req.container_id)
-        await envd._destroy(c.id, "destroyed")
+        await envd.release(c)  # destroyed, or reset for reuse (envd.reuse)
         log.info("container_destroyed", container_id=c.id[:12])
         return {"ok": True}
 

@@ -218,6 +218,44 @@ class DockerBackend:
         except docker.errors.NotFound:
             raise NotFound(f"unknown container {container_id}") from None
 
+    # -- reuse (envd.reuse): the steps of a reset ------------------------------------
+    def inspect(self, container_id: str) -> dict[str, Any]:
+        try:
+            return dict(self.client.api.inspect_container(container_id))
+        except docker.errors.NotFound:
+            raise NotFound(f"unknown container {container_id}") from None
+
+    def changes(self, container_id: str) -> list[tuple[int, str]]:
+        """Docker's view of the writable layer (docker diff): (kind 0 changed, 1 added, 2 deleted, path)."""
+        return [(int(c["Kind"]), str(c["Path"])) for c in self.client.api.diff(container_id) or []]
+
+    def snapshot(self, container_id: str, path: str, max_bytes: int) -> bytes | None:
+        """A tar of `path` in the container (docker cp), or None when it exceeds max_bytes."""
+        stream, _ = self.client.api.get_archive(container_id, path)
+        buf = bytearray()
+        for chunk in stream:
+            buf += chunk
+            if len(buf) > max_bytes:
+                return None
+        return bytes(buf)
+
+    def restart(self, container_id: str) -> None:
+        """Kill the container's init (the kernel ends every process it holds) and start it again."""
+        self.client.api.restart(container_id, timeout=0)
+
+    def restore(self, container_id: str, path: str, archive: bytes) -> None:
+        parent = path.rstrip("/").rpartition("/")[0] or "/"
+        if not self.client.api.put_archive(container_id, parent, archive):
+            raise RuntimeError(f"docker refused to extract the archive into {parent}")
+
+    def run(self, container_id: str, argv: list[str], timeout_s: int = 120) -> tuple[int, str]:
+        """`argv` in the container from /, no shell or login profile of ours: (exit code, output)."""
+        handle = self.exec_api.exec_create(container_id, ["timeout", "-s", "KILL", f"{timeout_s}s", *argv],
+                                           stdout=True, stderr=True, workdir="/")
+        out = self.exec_api.exec_start(handle["Id"])
+        code = self.exec_api.exec_inspect(handle["Id"]).get("ExitCode")
+        return (-1 if code is None else int(code)), out.decode("utf-8", errors="replace")
+
     # -- exec ----------------------------------------------------------------------
     def exec(self, container_id: str, command: str, cwd: str | None, env: dict[str, str] | None,
              timeout: float, cap: int, exec_id: str | None = None) -> ExecOutcome:

@@ -27,6 +27,14 @@ class EnvdMetrics:
         self.warm_takes = Counter("envd_warm_takes", "Creates by whether a warm container served "
                                   "them (hit) or one was created (miss); only with envd.warm_per_image.",
                                   ["result"], registry=r)
+        self.reuse_takes = Counter("envd_reuse_takes", "Creates allowing reuse, by whether a reset "
+                                   "container served them (hit) or not (miss); only with envd.reuse_per_image.",
+                                   ["result"], registry=r)
+        self.reuse_resets = Counter("envd_reuse_resets", "Resets of used containers, by result (ok: kept for "
+                                    "reuse; failed: destroyed).", ["result"], registry=r)
+        self.reuse_reset_seconds = Histogram(
+            "envd_reuse_reset_duration_seconds", "Reset of a used container (restart, docker diff, restore, "
+            "check).", registry=r, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
         self.reward_hacks = Counter("envd_reward_hack_attempts", "Patches refused for changing how tests "
                                     "run or report, by kind (swe.tamper.KINDS).", ["kind"], registry=r)

@@ -160,7 +160,8 @@ class Pool:
                     made = await self.node(node).create_info(
                         req.image, ttl_s=POOL_CONTAINER_TTL_FACTOR * self.pcfg.lease_ttl_s, lease=lease_id,
                         labels={"swarl.pool_owner": req.owner or "", "swarl.instance": req.instance_id[:200]},
-                        http_timeout_s=self.ecfg.create_timeout_s + self.ecfg.pull_timeout_s + 10)
+                        http_timeout_s=self.ecfg.create_timeout_s + self.ecfg.pull_timeout_s + 10,
+                        reuse=True)  # an agent's container: may be one reset after an earlier lease
                     cid = str(made["container_id"])
                 except EnvRequestError as e:  # the request's fault (e.g. unknown image)
                     await self.state.release(lease_id)

@@ -50,6 +50,9 @@ class CreateReq(_Req):
     labels: dict[str, str] = Field(default_factory=dict, description="swarl: extra labels.")
     warm: bool = Field(True, description="swarl: may be served by a warm container (envd.warm_per_image); "
                        "its Docker labels are then the warm container's, and `labels` show in /status only.")
+    reuse: bool = Field(False, description="swarl: may be served by a container an earlier lease used, reset "
+                        "to the image's state (envd.reuse_per_image), and is reset for reuse when destroyed; "
+                        "the pool asks it for agents' containers, a grading container never is.")
 
 
 class ExecReq(_Req):

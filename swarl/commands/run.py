@@ -42,6 +42,8 @@ def demo(
                                               "hand-written suite (swe/tasks/tasks.jsonl) before and after.")] = True,
     recheck: Annotated[bool, typer.Option("--recheck", help="Evaluate the warm start again after training "
                                           "(determinism: must equal the first evaluation).")] = False,
+    pair_forms: Annotated[bool, typer.Option("--pair-forms/--no-pair-forms", help="A learner group holds both "
+                                             "forms of a symptom, half the group each (else one task).")] = True,
     seeds: Annotated[str | None, typer.Option("--seeds", help="Per seed (comma-separated, e.g. 0,1,2,3,4) the "
                                               "RL run and the shuffled-reward run, then the summary across seeds.")] = None,
     config: ConfigOpt = None,
@@ -59,7 +61,7 @@ def demo(
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
                        train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
                        sets=tuple(sets or ()), prm=prm, arm=arm,
-                       sft_control=sft_control, handwritten=handwritten, recheck=recheck)
+                       sft_control=sft_control, handwritten=handwritten, recheck=recheck, pair_forms=pair_forms)
     from common.procs import sigterm_interrupts
 
     sigterm_interrupts()  # `timeout`, systemd or CI stopping the demo stop its processes too

@@ -93,6 +93,7 @@ class DemoOptions:
     sets: tuple[str, ...] = ()
     prm: bool = False   # step rewards from a PRM judge: the tiny base model on its own server
     before_from: str | None = None  # a run dir of the same seed and warm start: its "before" episodes are reused
+    pair_forms: bool = True  # a learner group holds both forms of a symptom (swe.tasks.generated.form_pairs)
 
 
 class Demo:
@@ -375,8 +376,20 @@ class Demo:
         self.events.append(f"{time.strftime('%H:%M:%S')} {event}")
         log.warning("supervision", what=event)
 
+    def train_units(self) -> list[list[dict[str, Any]]]:
+        """The train rows in learner groups: with pair_forms (and an even group size) each row
+        with one of the other form of its symptom, half the group each — one baseline for both,
+        so the advantages keep what reading the code changed and the symptom's share cancels —
+        else each row alone."""
+        from swe.tasks.generated import form_pairs
+
+        rows = self.train_rows()
+        if self.o.pair_forms and self.config().learner.n_samples_per_prompt % 2 == 0:
+            return form_pairs(rows)
+        return [[r] for r in rows]
+
     async def enqueue(self, redis_url: str, epochs: range) -> None:
-        from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for
+        from broker.tasks import arq_pool, enqueue_jobs, epoch_order, jobs_for_group
 
         keys = self.keys()
         pool = await arq_pool(redis_url)
@@ -384,8 +397,8 @@ class Demo:
             n = self.config().learner.n_samples_per_prompt
             # shuffled per epoch: the split is sorted by family, and in order a short run
             # would train on one family only
-            await enqueue_jobs(pool, keys, [j for row, epoch in epoch_order(self.train_rows(), epochs, seed=self.o.seed)
-                                            for j in jobs_for(keys, row, "swarl-tasks", n, epoch)])
+            await enqueue_jobs(pool, keys, [j for unit, epoch in epoch_order(self.train_units(), epochs, seed=self.o.seed)
+                                            for j in jobs_for_group(keys, unit, "swarl-tasks", n // len(unit), epoch)])
         finally:
             await pool.aclose()
 

@@ -502,6 +502,29 @@ def generate() -> list[dict[str, Any]]:
     return [build_row(i) for i in instances()]
 
 
+def form_pairs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows in the units to train together: each generated row with a row of its family and
+    wording in the other form — the same issue text, the inverse fix — the k-th of one form with
+    the k-th of the other, in the rows' order; a row without a partner (another suite, a form
+    left over) is a unit alone. A policy that does not read resolves exactly one of a pair."""
+    units: list[list[dict[str, Any]]] = []
+    waiting: dict[tuple[str, int, str], list[int]] = defaultdict(list)  # (family, wording, form) -> units
+    for row in rows:
+        fam, shape = row.get("swarl_family"), str(row.get("swarl_shape", ""))
+        if fam not in FAMILIES or "swarl_wording" not in row:
+            units.append([row])
+            continue
+        form, wording = shape.split("/")[0], int(row["swarl_wording"])
+        other = next((f.name for f in FAMILIES[fam].forms if f.name != form), None)
+        partner = waiting[(fam, wording, other)] if other else []
+        if partner:
+            units[partner.pop(0)].append(row)
+        else:
+            waiting[(fam, wording, form)].append(len(units))
+            units.append([row])
+    return units
+
+
 def instance_files(instance_id: str) -> dict[str, str] | None:
     """The files of a generated instance at its base commit, or None for another id."""
     for inst in instances():

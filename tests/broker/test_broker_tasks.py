@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
-from broker.tasks import arq_pool, enqueue_jobs, jobs_for
+from broker.tasks import arq_pool, enqueue_jobs, jobs_for, jobs_for_group
 
 HERE = Path(__file__).parent
 ROW = {"instance_id": "demo__calc-1", "problem_statement": "x breaks", "repo": "demo/calc"}
@@ -48,6 +48,24 @@ async def test_enqueue_is_idempotent(redis_url, keys):
         assert await enqueue_jobs(pool, keys, jobs) == (0, 4)
         other_run = Keys("swarl", "other")
         assert await enqueue_jobs(pool, other_run, jobs_for(other_run, ROW, "t", 4)) == (4, 0)
+    finally:
+        await pool.aclose()
+
+
+async def test_a_group_of_several_instances(redis_url, keys):
+    other = {**ROW, "instance_id": "demo__calc-2"}
+    jobs = jobs_for_group(keys, [ROW, other], "t", n_each=2, epoch=3)
+    assert [j.instance["instance_id"] for j in jobs] == ["demo__calc-1", "demo__calc-2"] * 2
+    assert {j.group_id for j in jobs} == {"demo__calc-1+demo__calc-2:g3"} and {j.n_samples for j in jobs} == {4}
+    assert [j.sample_index for j in jobs] == [0, 1, 2, 3] and len({j.job_id for j in jobs}) == 4
+    assert {keys.group_of(j.job_id) for j in jobs} == {"demo__calc-1+demo__calc-2:g3"}
+    assert jobs_for_group(keys, [ROW], "t", 4) == jobs_for(keys, ROW, "t", 4)
+    pool = await arq_pool(redis_url)
+    try:
+        assert await enqueue_jobs(pool, keys, jobs) == (4, 0)
+        assert await enqueue_jobs(pool, keys, jobs) == (0, 4)
+        assert [i.decode() for i in await pool.zrange(keys.queue, 0, -1)] == [j.job_id for j in jobs]
+        assert int(await pool.hget(keys.group_sizes, "demo__calc-1+demo__calc-2:g3")) == 4
     finally:
         await pool.aclose()
 
