@@ -32,18 +32,19 @@ from swarl.learning_check import SETTINGS, CheckOptions, run_check  # noqa: E402
 
 # name -> overrides of the learning check's defaults (SETTINGS)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "default (4 minibatches, lr 1e-4)": {},
-    "1 update per batch, lr 1e-4": {"learner.minibatches": 1},
+    "the check's default: 4 minibatches, lr 3e-4": {},
+    "4 minibatches, lr 1e-4": {"learner.lr": 1e-4},
+    "1 update per batch, lr 1e-4": {"learner.minibatches": 1, "learner.lr": 1e-4},
     "1 update per batch, lr 4e-4": {"learner.minibatches": 1, "learner.lr": 4e-4},
-    "4 minibatches x 2 epochs": {"learner.epochs": 2},
-    "lr 3e-4": {"learner.lr": 3e-4},
-    "lr 3e-5": {"learner.lr": 3e-5},
-    "kl_coef 0.01 (reference model)": {"learner.kl_coef": 0.01},
-    "sequence aggregation": {"learner.aggregation": "sequence"},
-    "group 4 (16 prompts a step)": {"learner.n_samples_per_prompt": 4},
-    "group 16 (4 prompts a step)": {"learner.n_samples_per_prompt": 16},
-    # the control: the default with each batch's rewards permuted across it (must stay at chance)
-    "shuffled-reward control": {"learner.reward_shuffle": True},
+    "4 minibatches x 2 epochs, lr 1e-4": {"learner.epochs": 2, "learner.lr": 1e-4},
+    "4 minibatches, lr 3e-5": {"learner.lr": 3e-5},
+    "kl_coef 0.01 (reference model), lr 1e-4": {"learner.kl_coef": 0.01, "learner.lr": 1e-4},
+    "sequence aggregation, lr 1e-4": {"learner.aggregation": "sequence", "learner.lr": 1e-4},
+    "group 4 (16 prompts a step), lr 1e-4": {"learner.n_samples_per_prompt": 4, "learner.lr": 1e-4},
+    "group 16 (4 prompts a step), lr 1e-4": {"learner.n_samples_per_prompt": 16, "learner.lr": 1e-4},
+    # the control: each batch's rewards permuted across it (must not rise)
+    "shuffled-reward control, lr 1e-4": {"learner.reward_shuffle": True, "learner.lr": 1e-4},
+    "shuffled-reward control at the check's default": {"learner.reward_shuffle": True},
 }
 
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     plot(results, HERE / "learner_settings.png")
     record("learner_settings", table, {"steps": o.steps, "seeds": seeds},
            notes=f"Reading task (swarl learning-check), {o.steps} learner steps per run, seeds {seeds}; every "
-                 "setting is the check's defaults (learner.minibatches 4, epochs 1, lr 1e-4, kl_coef 0, token "
+                 "setting is the check's defaults (learner.minibatches 4, epochs 1, lr 3e-4, kl_coef 0, token "
                  "aggregation, group 8, batch 64) with the named change. CPU seconds of all the run's processes. "
                  "Curves: benchmarks/learner_settings.png.")
 

@@ -46,7 +46,7 @@ class LearnerConfig(Section):
         4096, description="Token budget of one packed micro-batch; gradients accumulate over "
         "the micro-batches of one optimizer update.")
     minibatches: int = Field(
-        1, ge=1, description="Optimizer updates per pass over a training batch: the batch is "
+        4, ge=1, description="Optimizer updates per pass over a training batch: the batch is "
         "split into this many minibatches of whole groups (about equal in episodes), one optimizer "
         "step each, as verl's ppo_mini_batch_size. With more than one update (minibatches or "
         "epochs), the proximal logprobs come from a no-grad pass before the first update and the "

@@ -122,7 +122,7 @@ SETTINGS: dict[str, Any] = {
     "actor.sampling.temperature": 1.0, "actor.max_context_len": 256, "actor.save_trajectories": False,
     "actor.heartbeat_s": 1, "actor.pin_wait_s": 30,
     "admission.batch_size": 64, "admission.max_staleness": 1,
-    "learner.n_samples_per_prompt": 8, "learner.minibatches": 4, "learner.epochs": 1, "learner.lr": 1e-4,
+    "learner.n_samples_per_prompt": 8, "learner.minibatches": 4, "learner.epochs": 1, "learner.lr": 3e-4,
     "learner.kl_coef": 0.0, "learner.aggregation": "token", "learner.threads": 1,
     "learner.heartbeat_s": 1, "learner.checkpoint_every": 1000, "learner.log_trained_ids": False,
     "learner.tensorboard": False, "learner.group_timeout_s": 60, "learner.straggler_grace_s": 0,

@@ -149,7 +149,7 @@ def test_one_update_is_todays_step(small_model_dir, update_kl: bool) -> None:
     from learner.backends.base import clip_and_step
     from learner.losses import LossInputs, policy_loss
 
-    cfg = LearnerConfig(lr=1e-3, update_kl=update_kl)
+    cfg = LearnerConfig(lr=1e-3, update_kl=update_kl, minibatches=1)
     batch = many_groups_batch(small_model_dir)
     ref = TorchBackend(cfg, small_model_dir)
     items, _ = batch_items(batch, cfg)
