@@ -51,11 +51,14 @@ def procedure(row: dict[str, Any], fix: str, inst: Any = None) -> list[tuple[str
 
 
 def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/testbed",
-                   step_limit: int = 4, every_edit: bool = False) -> list[tuple[list[int], list[int]]]:
+                   step_limit: int = 4, every_edit: bool = False,
+                   correct: bool = False) -> list[tuple[list[int], list[int]]]:
     """(ids, loss mask) per demonstration, mask 1 on the answers. `rows`: generated train rows,
     or (demo_row, Instance) pairs of practice instances. Per instance one demonstration of the
     family's primitive `swarl_demo_edit` (without it: the family's primitives in turn);
-    every_edit: one per primitive instead. Never chosen by the code's shape."""
+    every_edit: one per primitive instead. Never chosen by the code's shape. `correct`: the
+    gold fix instead (the one the code needs), one per instance: the ceiling study's
+    demonstrations (benchmarks/demo_ceiling.py), which a policy can only follow by reading."""
     from actors.context import TokenConversation
     from actors.protocols import ExecOutput
 
@@ -72,7 +75,7 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
         k = turn.get(row["swarl_family"], 0)
         turn[row["swarl_family"]] = k + 1
         k = row.get("swarl_demo_edit", k)
-        fixes = edits if every_edit else [edits[k % len(edits)]]
+        fixes = [row["swarl_fix_command"]] if correct else edits if every_edit else [edits[k % len(edits)]]
         variables = {"task": row["problem_statement"], "instance": row, "step_limit": step_limit, "cwd": cwd}
         system, user = templates.render("system", **variables), templates.render("instance", **variables)
         for fix in fixes:
@@ -95,13 +98,16 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
 def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], list[int]]],
         epochs: int = 40, lr: float = 1e-3, batch_size: int = 8, seed: int = 0,
         progress: Callable[[int, int, float], None] | None = None, max_steps: int | None = None,
-        warmup: int = 10, decay: bool = True, stop: Callable[[], bool] | None = None) -> Path:
+        warmup: int = 10, decay: bool = True, stop: Callable[[], bool] | None = None,
+        snapshots: dict[int, Path] | None = None) -> Path:
     """Cross-entropy on the masked tokens; AdamW; saves an HF model (+ tokenizer) to out_dir.
     The learning rate warms up linearly over `warmup` steps, then decays linearly to 5% (decay)
     or stays; `max_steps` stops early (the demo's SFT control: as many steps as RL took). `stop()`
-    true before a step: Interrupted, nothing saved (the demo interrupted during its warm start)."""
+    true before a step: Interrupted, nothing saved (the demo interrupted during its warm start).
+    `snapshots` (step -> directory): the model as it is after that step is saved there too (one
+    run read at several budgets; with decay=False each is the run that stopped there)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -144,7 +150,14 @@ def sft(model_dir: str | Path, out_dir: str | Path, seqs: list[tuple[list[int], 
             step += 1
             if progress:
                 progress(step, total, float(loss.detach()))
-    out = Path(out_dir)
+            if snapshots and step in snapshots:
+                _save(model, model_dir, snapshots[step])
+    return _save(model, model_dir, Path(out_dir))
+
+
+def _save(model: Any, model_dir: str | Path, out: Path) -> Path:
+    from transformers import AutoTokenizer
+
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)

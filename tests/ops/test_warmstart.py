@@ -123,3 +123,42 @@ def test_sft_stops_when_asked(enc, tiny_model_dir, tmp_path) -> None:
         sft(tiny_model_dir, tmp_path / "out", seqs, epochs=5, batch_size=2,
             progress=lambda step, total, loss: steps.append(step), stop=lambda: len(steps) >= 2)
     assert steps == [1, 2] and not (tmp_path / "out").exists()
+
+
+def test_correct_demonstrations_show_the_fix_the_code_needs(enc) -> None:
+    """demonstrations(correct=True), the ceiling study's (benchmarks/demo_ceiling.py): per
+    instance one demonstration of its gold fix — so the edit shown depends on the form, the
+    very thing the warm start's own demonstrations never do."""
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    insts = practice(32, seed=4)
+    seqs = demonstrations([(demo_row(i), i) for i in insts], tpl, enc, correct=True)
+    assert len(seqs) == len(insts)
+    shown: Counter[tuple[str, str]] = Counter()
+    for (ids, mask), inst in zip(seqs, insts, strict=True):
+        answered = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        row = demo_row(inst)
+        assert row["swarl_fix_command"] in answered
+        assert not any(w in answered for w in row["swarl_wrong_commands"])
+        prim = next(p for p, c in row["swarl_edit_commands"].items() if c in answered)
+        assert (prim,) == inst.form.fix
+        shown[(inst.form.name, prim)] += 1
+    assert len(shown) == 8  # 4 families x 2 forms, each with its own primitive
+
+
+def test_sft_snapshots_are_the_run_at_that_step(enc, tiny_model_dir, tmp_path) -> None:
+    """sft(snapshots=...): the model after step k saved as it is (one run read at several
+    budgets); with a constant rate the snapshot equals the run stopped at k."""
+    import torch
+    from safetensors.torch import load_file
+
+    from swarl.demo.warmstart import sft
+
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    seqs = demonstrations([(demo_row(i), i) for i in practice(8, seed=2)], tpl, enc)
+    kw = {"epochs": 5, "lr": 1e-3, "batch_size": 2, "warmup": 1, "decay": False, "seed": 3}
+    sft(tiny_model_dir, tmp_path / "long", seqs, max_steps=4, snapshots={2: tmp_path / "at2"}, **kw)
+    sft(tiny_model_dir, tmp_path / "short", seqs, max_steps=2, **kw)
+    a, b = load_file(tmp_path / "at2" / "model.safetensors"), load_file(tmp_path / "short" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    long = load_file(tmp_path / "long" / "model.safetensors")
+    assert not all(torch.equal(a[k], long[k]) for k in a)
