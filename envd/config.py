@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ByteSize, Field
 
 from common.settings import Section
@@ -50,6 +52,11 @@ class EnvdConfig(Section):
     warm_idle_s: float = Field(
         300.0, gt=0, description="Warm containers of an image no create asked for this long are destroyed.")
     eval_timeout_s: float = Field(3600.0, description="Default bound on running an evaluation script.")
+    grader_off: list[Literal["static", "canaries", "audit"]] = Field(
+        default_factory=list,
+        description="Layers of the reward-hack defence left out, for tests that show each other layer "
+                    "alone (docs/security.md): the static look at the patch, the referee's canaries, its "
+                    "audit hook. Never for training: envd logs a warning when it is set.")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")
     registry: str | None = Field(
         None, description="Registry (host[:port][/namespace]) missing task images are pulled from when "

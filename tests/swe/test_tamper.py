@@ -117,9 +117,9 @@ def test_real_rows_gold_passes_and_test_patch_is_refused(lite_rows: list[dict[st
     unflagged = [r["instance_id"] for r in rows if "test_files" not in kinds(r["test_patch"], r)]
     assert not unflagged, f"a test patch alone was not refused: {unflagged[:5]}"
     django = next(r for r in lite_rows if r["repo"] == "django/django")
-    assert runner_files(django) == {"tests/runtests.py", "tests/test_sqlite.py"}
+    assert runner_files(django) == {"tests/runtests.py", "tests/test_sqlite.py", "django/test/runner.py"}
     sympy = next(r for r in lite_rows if r["repo"] == "sympy/sympy")
-    assert runner_files(sympy) == {"bin/test"}
+    assert runner_files(sympy) == {"bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py"}
     assert kinds(diff("bin/test", ["print('ok')"], new=False), sympy) == {"test_runner"}
     assert kinds(diff("tests/runtests.py", ["x"], new=False), django) == {"test_runner"}
 
