@@ -23,6 +23,8 @@ from swe.tamper import STDLIB, Tamper
 __all__ = ["gitconfig_tampers", "survivors", "system_changes"]
 
 _FREE = ("/tmp/", "/var/tmp/", "/root/.cache/", "/run/", "/dev/", "/proc/", "/sys/")
+_DOCKER = {"/usr/sbin/docker-init", "/sbin/docker-init", "/.dockerenv", "/etc/hostname", "/etc/hosts",
+           "/etc/resolv.conf"}  # Docker's own, in every container
 _GIT_INTERNALS = ("hooks", "config", "info", "modules")
 _RUNNER_DISTS = re.compile(r"^(_?pytest|pluggy|py|iniconfig|_pytest\w*|pytest_\w+)(\.py|-[^/]*\.(dist|egg)-info)?$",
                            re.I)
@@ -61,7 +63,8 @@ def system_changes(changes: list[dict[str, Any]]) -> list[Tamper]:
 
 
 def _allowed(path: str) -> bool:
-    if path == "/root/.gitconfig" or path.startswith(_FREE) or path in ("/tmp", "/root/.cache", "/root"):
+    if path == "/root/.gitconfig" or path.startswith(_FREE) or path in ("/tmp", "/root/.cache", "/root") or \
+            path in _DOCKER:
         return True
     if path == "/testbed" or path.startswith("/testbed/"):
         rel = PurePosixPath(path[len("/testbed/"):]) if path != "/testbed" else PurePosixPath(".")

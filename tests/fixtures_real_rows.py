@@ -41,8 +41,9 @@ SYMPY_GIT = [Path(p) for p in (os.environ.get("SWARL_SYMPY_GIT", ""), "/work/.mi
 RECIPE = "1"
 # name -> how to get its source: the Lite row, and the archive (pip sdist or git commit) and wheels
 ROWS: dict[str, dict[str, Any]] = {
-    "django": {"lite": "django__django-16595", "sdist": "Django==5.0", "wheels": ["asgiref==3.7.2"]},
-    "sympy": {"lite": "sympy__sympy-24152", "git": "b9af885473ad7e34b5b0826cb424dd26d8934670"},
+    "django": {"lite": "django__django-16595", "sdist": "Django==4.2", "wheels": ["asgiref==3.7.2"]},
+    "sympy": {"lite": "sympy__sympy-24152", "git": "b9af885473ad7e34b5b0826cb424dd26d8934670",
+              "wheels": ["mpmath==1.3.0"]},  # Debian's python3-mpmath says it is 0.0.0
     "invoicekit-install": {"bundled": "swarl-tasks__invoicekit-1"},
 }
 INSTALL = "python -m pip install -e ."
@@ -94,7 +95,7 @@ def _source(spec: dict[str, Any]) -> tuple[bytes, list[Path]]:
                               capture_output=True, timeout=600)
         if proc.returncode != 0:
             _skip(f"git archive of sympy {spec['git']} failed: {proc.stderr[-300:]!r}")
-        return proc.stdout, []
+        return proc.stdout, [_pip_download(w, binary=True) for w in spec.get("wheels", [])]
     from envd.images import _tar_of
     from swe.tasks import task_files
 

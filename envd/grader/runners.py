@@ -20,6 +20,7 @@ only; Python 3.6+."""
 import builtins
 import functools
 import os
+import re
 import sys
 import types
 import unittest
@@ -46,6 +47,9 @@ def _unittest(send, select):
 
     def names(test):
         out = [str(test)]
+        short = re.sub(r"^(\w+) \(([\w.]+)\.\1\)$", r"\1 (\2)", out[0])  # as Python before 3.11 names it
+        if short != out[0]:
+            out.append(short)
         try:
             doc = test.shortDescription()
         except Exception:
