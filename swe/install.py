@@ -73,7 +73,8 @@ def _allowed(path: str) -> bool:
             return len(parts) < 2 or parts[1] not in _GIT_INTERNALS
         # a root module the tests would import instead of the standard library's; the rest of the
         # repository is the package's (its test infrastructure is checked by git before the tests)
-        return not (len(parts) == 1 and parts[0].endswith(".py") and parts[0][:-3] in STDLIB)
+        return not ((len(parts) == 1 and parts[0].endswith(".py") and parts[0][:-3] in STDLIB) or
+                    (len(parts) == 2 and parts[1] == "__init__.py" and parts[0] in STDLIB))
     m = _SITE.search(path)
     if m:
         rel = PurePosixPath(path[m.end():])
