@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import socket
 import time
@@ -65,6 +66,7 @@ DIFF_COMMAND = ("e=/tmp/.swarl-diff.err; git add -A >/dev/null 2>$e && printf '\
 T = TypeVar("T")
 EVAL_PATH = "/tmp/swarl_eval.sh"
 APPLY_TIMEOUT_S = 120
+PREPARE_S = 10  # what applying the patch and restoring the infrastructure add to a grading's timeout
 
 
 def default_node_id(port: int) -> str:
@@ -364,19 +366,25 @@ class Envd:
         await self.run(graded_run.put_files, self.backend.client.api, c.id, files)
         sep = secrets.token_hex(8)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
-        prep = await self.exec(c, graded_run.prepare_script(instance, patch, cwd, sep, prefix), cwd, {},
-                               APPLY_TIMEOUT_S)
-        if prep.returncode == graded_run.RESTORE_FAILED:
-            raise ApiError(500, f"could not restore the test infrastructure: {self._tail(prep.output, 2000)}")
-        if prep.returncode != 0:
-            return {"resolved": False, "returncode": prep.returncode, "output": self._tail(prep.output),
-                    "error": f"patch does not apply: {self._tail(prep.output, 2000)}",
-                    "timed_out": prep.timed_out}
-        refused = graded_run.settings_tampers(prep.output, sep) if instance is not None else []
-        if refused:
-            return {**self._refuse(c, refused), "returncode": None}
+        prepare = graded_run.prepare_script(instance, patch, cwd, sep, prefix)
         t0 = time.monotonic()
-        run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
+        if instance is None:  # script mode: the patch applied, then the script
+            prep = await self.exec(c, prepare, cwd, {}, APPLY_TIMEOUT_S)
+            if prep.returncode != 0:
+                return self._not_applied(prep)
+            run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
+        else:  # one exec: the patch applied and the infrastructure restored, then the eval script
+            both = await self.exec(c, f"{prepare}echo {sep}R\nbash {EVAL_PATH}\n", cwd, {},
+                                   timeout_s + PREPARE_S, cap=8 * 1024 * 1024)
+            head, marked, rest = both.output.partition(f"{sep}R\n")  # the first: before any code of the patch
+            if not marked:
+                if both.returncode == graded_run.RESTORE_FAILED:
+                    raise ApiError(500, f"could not restore the test infrastructure: {self._tail(both.output, 2000)}")
+                return self._not_applied(both)
+            refused = graded_run.settings_tampers(head, sep)
+            if refused:
+                return {**self._refuse(c, refused), "returncode": None}
+            run = dataclasses.replace(both, output=rest)
         output, found = run.output, []
         if plan is not None and second is not None and not run.timed_out:
             # the install step has run: nothing of it may be left or have reached the system
@@ -453,6 +461,10 @@ class Envd:
             return result
         finally:
             await self._destroy(fresh.id, "eval_done")
+
+    def _not_applied(self, prep: ExecOutcome) -> dict[str, Any]:
+        return {"resolved": False, "returncode": prep.returncode, "output": self._tail(prep.output),
+                "error": f"patch does not apply: {self._tail(prep.output, 2000)}", "timed_out": prep.timed_out}
 
     @staticmethod
     def _run_files(plan: referee.RefereePlan) -> dict[str, tuple[bytes, int]]:
