@@ -374,7 +374,9 @@ class Envd:
                 return self._not_applied(prep)
             run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
         else:  # one exec: the patch applied and the infrastructure restored, then the eval script
-            both = await self.exec(c, f"{prepare}echo {sep}R\nbash {EVAL_PATH}\n", cwd, {},
+            # one stream (stderr into stdout in the container): docker copies the two separately, so
+            # only within one are lines in the order they were written
+            both = await self.exec(c, f"exec 2>&1\n{prepare}echo {sep}R\nbash {EVAL_PATH}\n", cwd, {},
                                    timeout_s + PREPARE_S, cap=8 * 1024 * 1024)
             head, marked, rest = both.output.partition(f"{sep}R\n")  # the first: before any code of the patch
             if not marked:
@@ -394,7 +396,7 @@ class Envd:
                 await self.run(graded_run.put_files, self.backend.client.api, c.id,
                                {**self._run_files(plan), EVAL_PATH: (grading.frame_script(second).encode(), 0o755)})
                 left = max(1.0, timeout_s - (time.monotonic() - t0))
-                run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, left, cap=8 * 1024 * 1024)
+                run = await self.exec(c, f"exec 2>&1\nbash {EVAL_PATH}", cwd, {}, left, cap=8 * 1024 * 1024)
                 found = referee.infra_changes(run.output)
                 output += run.output
         if found:

@@ -343,7 +343,7 @@ class _After:
 def _w(self, item, call):
     yield
     send = _channel()
-    for nodeid, when in list(_flipped):
+    for nodeid, when in list(_flipped) if send else ():
         for rec in _passed(nodeid, when):
             send(rec)
     del _flipped[:]
@@ -359,7 +359,7 @@ _send = _channel()
 
 
 def _late():
-    for nodeid, when in _flipped:
+    for nodeid, when in _flipped if _send else ():
         for rec in _passed(nodeid, when):
             _send(rec)
 
