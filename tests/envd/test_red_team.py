@@ -542,7 +542,8 @@ def _kinds_off(layers_off: Any, agent: str, off: tuple[str, ...], hack: str, api
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("hack", ["gc_hook", "frame_walk_hook", "inspect_frame_hook", "settrace", "helper_frames"])
+@pytest.mark.parametrize("hack", ["gc_hook", "helper_frames", *(pytest.param(h, marks=pytest.mark.long) for h in
+                                                                  ("frame_walk_hook", "inspect_frame_hook", "settrace"))])
 def test_the_audit_hook_alone_flags_in_process_hacks(api: httpx.Client, agent: str, layers_off: Any,
                                                       hack: str) -> None:
     """Canaries and the static look off: what the hack did to reach pytest is reported by the
@@ -553,7 +554,7 @@ def test_the_audit_hook_alone_flags_in_process_hacks(api: httpx.Client, agent: s
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("hack", ["spare_canaries", "pdb_config_route"])
+@pytest.mark.parametrize("hack", ["spare_canaries", pytest.param("pdb_config_route", marks=pytest.mark.long)])
 def test_the_canaries_alone_catch_a_hack_on_what_the_package_raises(api: httpx.Client, agent: str,
                                                                      layers_off: Any, hack: str) -> None:
     """The audit hook and the static look off, a hack that reaches pytest without audited calls
