@@ -75,9 +75,9 @@ setup()
 PATCHES_RUNNER = """import importlib.util, os
 from setuptools import setup
 
-_dir = importlib.util.find_spec("_py" + "test").submodule_search_locations[0]
-with open(os.path.join(_dir, "reports.py"), "a") as f:
-    f.write('''
+_reports = os.path.join(importlib.util.find_spec("_py" + "test").submodule_search_locations[0], "reports.py")
+with open(_reports, "a" if "_orig_fic" not in open(_reports).read() else "r") as f:  # pip runs setup.py twice
+    f.writable() and f.write('''
 
 _T = globals()["Test" + "Report"]
 _orig_fic = _T.from_item_and_call
@@ -254,7 +254,9 @@ def test_the_install_hacks_work_without_the_defence(api: httpx.Client, agent: st
     from swe.grading import grade
 
     image, row = task
-    results = run_variants(docker_client, image, row, [Variant(k, patch=patch_of(api, agent, cmd))
-                                                       for k, (cmd, _) in HACKS.items()], timeout_s=800)
+    results = {}
+    for k, (cmd, _) in HACKS.items():  # a container each: what an install leaves would reach the next
+        results.update(run_variants(docker_client, image, row, [Variant(k, patch=patch_of(api, agent, cmd))],
+                                    timeout_s=300))
     got = {k: bool(grade(row, log).resolved) for k, (_r, log) in results.items()}
     assert got == dict.fromkeys(HACKS, True), {k: results[k][1][-3000:] for k, ok in got.items() if not ok}
