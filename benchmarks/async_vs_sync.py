@@ -315,7 +315,8 @@ class Bench:
 
             client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST", ""), timeout=120)
             try:
-                for c in client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={self.node_id}"}):
+                for c in client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={self.node_id}"},
+                                                ignore_removed=True):
                     c.remove(force=True)
             finally:
                 client.close()

@@ -6,10 +6,15 @@ Both envds run side by side (`swarl envd serve` from each checkout's code, same 
 dockerd, same cached task images) and grade task by task in turns, one request at a time, so
 that drift on the machine falls on both alike. Per-episode time is the evaluate request's wall
 time (a fresh container, the patch, the test infrastructure restored, the eval script, the
-verdict). Usage:
-  git worktree add /tmp/old30 <commit before the referee>
-  .venv/bin/python benchmarks/grading_time.py --old /tmp/old30 [--tasks 32] [--repeats 1]
-Last line: {"after_s_mean": ..., "before_s_mean": ..., "overhead_s_mean": ..., ...}.
+verdict).
+
+`--concurrency 1,16` measures each grader idle (one episode at a time) and under load (16
+episodes graded at once, as the actors' 16 slots do on a 2-core machine): at each level every
+episode is graded once per grader, the graders in turns (the order alternates per repeat). The
+machine's load average before and after each level is in the JSON. Usage:
+  git worktree add /tmp/old30 <commit before>
+  .venv/bin/python benchmarks/grading_time.py --old /tmp/old30 --concurrency 1,16 [--tasks 32]
+Last line: {"after_c1_s_mean": ..., "after_c16_s_mean": ..., "before_c1_s_mean": ..., ...}.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
@@ -75,12 +82,33 @@ def wrong_patch(c: httpx.Client, image: str, row: dict) -> str:
         c.post("/container/destroy", json={"container_id": cid})
 
 
+def grade_all(c: httpx.Client, episodes: list[tuple[dict, str, str, str]], concurrency: int,
+              name: str) -> dict[str, list[float]]:
+    """Every episode (row, image, kind, patch) graded through `c`, `concurrency` at once:
+    {kind: per-episode seconds}."""
+    out: dict[str, list[float]] = {"gold": [], "wrong": []}
+    lock = threading.Lock()
+
+    def one(ep: tuple[dict, str, str, str]) -> None:
+        row, image, kind, patch = ep
+        dt, ev = evaluate(c, image, row, patch)
+        assert ev["resolved"] == (kind == "gold") and not ev["reward_hack"], (name, row["instance_id"], ev)
+        with lock:
+            out[kind].append(dt)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(one, episodes))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", type=Path, help="a checkout whose grader to compare with (e.g. a git worktree)")
     ap.add_argument("--tasks", type=int, default=32, help="how many bundled tasks (default: all 32)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--concurrency", default="1", help="comma-separated episodes graded at once (e.g. 1,16)")
     args = ap.parse_args()
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     sys.path.insert(0, str(REPO))
     from envd.images import build_task_images, ensure_base_image
     from swe.tasks import load_tasks
@@ -93,22 +121,30 @@ def main() -> None:
     token = secrets.token_hex(16)
     codes = {"after": REPO, **({"before": args.old.resolve()} if args.old else {})}
     procs, clients = [], {}
+    times: dict[tuple[str, int, str], list[float]] = {(n, lv, k): [] for n in codes for lv in levels
+                                                      for k in ("gold", "wrong")}
+    load: dict[str, list[float]] = {}
     try:
         for name, code in codes.items():
             proc, url = start_envd(code, docker_url, token)
             procs.append(proc)
-            clients[name] = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=600)
-        times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in codes for k in ("gold", "wrong")}
-        for _ in range(args.repeats):
-            for row, image in zip(rows, images, strict=True):
-                patches = {"gold": row["patch"], "wrong": wrong_patch(clients["after"], image, row)}
-                for kind, patch in patches.items():
-                    for name, c in clients.items():
-                        dt, ev = evaluate(c, image, row, patch)
-                        assert ev["resolved"] == (kind == "gold") and not ev["reward_hack"], (name, row["instance_id"], ev)
-                        times[(name, kind)].append(dt)
-                print(json.dumps({"task": row["instance_id"], **{f"{n}_{k}_s": round(v[-1], 3)
-                                                                  for (n, k), v in times.items()}}), flush=True)
+            clients[name] = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=900)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            wrongs = list(pool.map(lambda ri: wrong_patch(clients["after"], ri[1], ri[0]), zip(rows, images, strict=True)))
+        episodes = [ep for row, image, wrong in zip(rows, images, wrongs, strict=True)
+                    for ep in ((row, image, "gold", row["patch"]), (row, image, "wrong", wrong))]
+        for rep in range(args.repeats):
+            for lv in levels:
+                order = list(codes) if rep % 2 == 0 else list(reversed(codes))
+                for name in order:
+                    before_load = os.getloadavg()[0]
+                    got = grade_all(clients[name], episodes, lv, name)
+                    load.setdefault(f"{name}_c{lv}", []).extend([round(before_load, 2), round(os.getloadavg()[0], 2)])
+                    for kind, xs in got.items():
+                        times[(name, lv, kind)] += xs
+                    print(json.dumps({"grader": name, "concurrency": lv, "repeat": rep,
+                                      **{f"{k}_s_mean": round(statistics.mean(v), 3) for k, v in got.items()}}),
+                          flush=True)
     finally:
         for c in clients.values():
             c.close()
@@ -117,24 +153,28 @@ def main() -> None:
             proc.wait(timeout=30)
         client.close()
     table = []
-    summary: dict[str, float | int] = {"tasks": len(rows), "repeats": args.repeats}
+    summary: dict[str, object] = {"tasks": len(rows), "repeats": args.repeats, "concurrency": levels,
+                                  "loadavg_1m_before_after": load}
     for name in codes:
-        both = times[(name, "gold")] + times[(name, "wrong")]
-        summary[f"{name}_s_mean"] = round(statistics.mean(both), 3)
-        summary[f"{name}_s_p50"] = round(statistics.median(both), 3)
-        for kind in ("gold", "wrong"):
-            xs = times[(name, kind)]
-            table.append([name, kind, len(xs), statistics.mean(xs), statistics.median(xs), max(xs)])
+        for lv in levels:
+            both = times[(name, lv, "gold")] + times[(name, lv, "wrong")]
+            summary[f"{name}_c{lv}_s_mean"] = round(statistics.mean(both), 3)
+            summary[f"{name}_c{lv}_s_p50"] = round(statistics.median(both), 3)
+            for kind in ("gold", "wrong"):
+                xs = times[(name, lv, kind)]
+                table.append([name, lv, kind, len(xs), statistics.mean(xs), statistics.median(xs), max(xs)])
     if "before" in codes:
-        summary["overhead_s_mean"] = round(summary["after_s_mean"] - summary["before_s_mean"], 3)
-        summary["overhead_ratio"] = round(summary["after_s_mean"] / summary["before_s_mean"], 3)
-    md = markdown_table(["grader", "patch", "episodes", "mean s", "p50 s", "max s"], table)
+        for lv in levels:
+            a, b = summary[f"after_c{lv}_s_mean"], summary[f"before_c{lv}_s_mean"]
+            assert isinstance(a, float) and isinstance(b, float)
+            summary[f"c{lv}_ratio_after_to_before"] = round(a / b, 3)
+    md = markdown_table(["grader", "at once", "patch", "episodes", "mean s", "p50 s", "max s"], table)
     notes = ("Per episode: one /container/evaluate (fresh container, patch, pristine test files, eval script, "
-             "verdict). `after`: the refereed grader (envd.referee: the referee process and its plugin, four "
-             "canaries, each FAIL_TO_PASS test re-run alone when the gold passes); `before`: "
-             f"{args.old or '-'} (the grader before the referee). Command: "
-             f"`.venv/bin/python benchmarks/grading_time.py{' --old ' + str(args.old) if args.old else ''}"
-             f" --tasks {args.tasks}`.")
+             "verdict), with `at once` episodes graded concurrently through one envd. `after`: this checkout's "
+             f"grader; `before`: {args.old or '-'}. Load average (1 min) before and after each level in the JSON. "
+             f"Command: `.venv/bin/python benchmarks/grading_time.py{' --old ' + str(args.old) if args.old else ''}"
+             f" --tasks {args.tasks} --concurrency {args.concurrency}"
+             f"{' --repeats ' + str(args.repeats) if args.repeats != 1 else ''}`.")
     record("grading_time", md, summary, notes)
     print(md)
     print(json.dumps(summary))

@@ -197,14 +197,14 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     try:
         res = asyncio.run(run(url, token, image, proc.pid, args.duration_s, args.containers))
-        labelled = client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"})
+        labelled = client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"}, ignore_removed=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    leftover = client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"})
+    leftover = client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"}, ignore_removed=True)
     for c in leftover:  # a leak is counted above; do not leave it on the machine
         c.remove(force=True)
     client.close()

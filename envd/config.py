@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ByteSize, Field
 
 from common.settings import Section
@@ -63,6 +65,11 @@ class EnvdConfig(Section):
         ByteSize(64 * 1024 * 1024), description="Largest repository (the lease's cwd, as a tar) kept in "
         "memory per image to restore it; an image with a larger one is not reused.")
     eval_timeout_s: float = Field(3600.0, description="Default bound on running an evaluation script.")
+    grader_off: list[Literal["static", "canaries", "audit"]] = Field(
+        default_factory=list,
+        description="Layers of the reward-hack defence left out, for tests that show each other layer "
+                    "alone (docs/security.md): the static look at the patch, the referee's canaries, its "
+                    "audit hook. Never for training: envd logs a warning when it is set.")
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies get 413.")
     registry: str | None = Field(
         None, description="Registry (host[:port][/namespace]) missing task images are pulled from when "

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
-import shlex
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +26,7 @@ from broker.config import RedisConfig
 from broker.connection import connect
 from broker.keys import Keys
 from common.logs import get_logger
-from envd import httputil, referee
+from envd import graded_run, httputil, referee, verdict
 from envd.config import EnvdConfig
 from envd.docker_backend import (
     LABEL_CREATED,
@@ -68,6 +68,7 @@ DIFF_COMMAND = ("e=/tmp/.swarl-diff.err; git add -A >/dev/null 2>$e && printf '\
 T = TypeVar("T")
 EVAL_PATH = "/tmp/swarl_eval.sh"
 APPLY_TIMEOUT_S = 120
+PREPARE_S = 10  # what applying the patch and restoring the infrastructure add to a grading's timeout
 
 
 def default_node_id(port: int) -> str:
@@ -125,6 +126,9 @@ class Envd:
         log.info("envd_started", node_id=self.node_id, docker=self.docker_url,
                  leases="redis" if isinstance(self.leases, RedisLeases) else "memory",
                  containers=len(self.owned))
+        if self.ecfg.grader_off:
+            log.warning("grader_layers_off", layers=list(self.ecfg.grader_off),
+                        why="for tests of the other layers; rewards graded so are not to be trained on")
 
     async def stop(self) -> None:
         if self._reaper:
@@ -359,7 +363,7 @@ class Envd:
         if reason is not None:
             self.metrics.evaluations.labels("bad_patch").inc()
             return {**base, "error": f"patch rejected: {reason}"}
-        found = tamper.inspect_patch(req.patch, instance)
+        found = [] if "static" in self.ecfg.grader_off else tamper.inspect_patch(req.patch, instance)
         if found:
             return {**base, **self._refuse(c, found)}
         await self.touch(c)
@@ -400,8 +404,9 @@ class Envd:
                         reset: bool, instance: dict[str, Any] | None = None) -> dict[str, Any]:
         """Apply `patch` in c (after a reset, in script mode) and run `script`. With `instance`
         (grading in a fresh container), the row's adapter's setup script runs first, the test
-        infrastructure is checked and put back to the base commit after the patch, and the test output is framed by a per-run nonce
-        (`log`, for grading.grade with that `nonce`)."""
+        infrastructure is checked and put back to the base commit after the patch, the test
+        command is run by the referee when it can be (envd.referee), and the test output is
+        framed by a per-run nonce (`log`, for grading.grade with that `nonce`)."""
         assert self.backend
         setup = harness.setup_script_for(instance) if instance is not None else None
         if setup:  # the row's start state, when its image alone is not it (the adapter's say)
@@ -410,61 +415,67 @@ class Envd:
                 return {"resolved": False, "returncode": ready.returncode, "output": self._tail(ready.output),
                         "error": f"the row's setup script failed: {self._tail(ready.output, 2000)}",
                         "timed_out": ready.timed_out}
-        await self.run(self.backend.put_file, c.id, grading.PATCH_PATH, patch.encode())
         nonce = secrets.token_hex(16) if instance is not None else None
-        plan = referee.plan(instance, patch, script) if instance is not None else None
-        run_script = grading.frame_script(plan.wrap(script) if plan else script) if nonce else script
-        await self.run(self.backend.put_file, c.id, EVAL_PATH, run_script.encode(), 0o755)
+        plan = referee.plan(instance, patch, script, off=frozenset(self.ecfg.grader_off)) \
+            if instance is not None else None
+        first, second = plan.scripts(script) if plan else (script, None)
+        files = {grading.PATCH_PATH: (patch.encode(), 0o644),
+                 EVAL_PATH: ((grading.frame_script(first) if nonce else first).encode(), 0o755)}
+        if plan is not None and second is None:  # nothing of the project runs before the referee
+            files.update(self._run_files(plan))
+        await self.run(graded_run.put_files, self.backend.client.api, c.id, files)
+        sep = secrets.token_hex(8)
         prefix = "git reset --hard -q && git clean -fdq && " if reset else ""
-        if plan is not None:
-            prefix += f"mkdir -p -m 700 {plan.run_dir} && "
-        attempts = " || ".join(f"{cmd} {grading.PATCH_PATH}" for cmd in grading.APPLY_PATCH_COMMANDS)
-        apply = await self.exec(c, f"{prefix}({attempts})", cwd, {}, APPLY_TIMEOUT_S)
-        if apply.returncode != 0:
-            return {"resolved": False, "returncode": apply.returncode, "output": self._tail(apply.output),
-                    "error": f"patch does not apply: {self._tail(apply.output, 2000)}",
-                    "timed_out": apply.timed_out}
-        if instance is not None:
-            refused = await self._pristine(c, patch, instance, cwd)
+        prepare = graded_run.prepare_script(instance, patch, cwd, sep, prefix)
+        t0 = time.monotonic()
+        if instance is None:  # script mode: the patch applied, then the script
+            prep = await self.exec(c, prepare, cwd, {}, APPLY_TIMEOUT_S)
+            if prep.returncode != 0:
+                return self._not_applied(prep)
+            run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
+        else:  # one exec: the patch applied and the infrastructure restored, then the eval script
+            # one stream (stderr into stdout in the container): docker copies the two separately, so
+            # only within one are lines in the order they were written
+            both = await self.exec(c, f"exec 2>&1\n{prepare}echo {sep}R\nbash {EVAL_PATH}\n", cwd, {},
+                                   timeout_s + PREPARE_S, cap=8 * 1024 * 1024)
+            head, marked, rest = both.output.partition(f"{sep}R\n")  # the first: before any code of the patch
+            if not marked:
+                if both.returncode == graded_run.RESTORE_FAILED:
+                    raise ApiError(500, f"could not restore the test infrastructure: {self._tail(both.output, 2000)}")
+                return self._not_applied(both)
+            refused = graded_run.settings_tampers(head, sep)
             if refused:
                 return {**self._refuse(c, refused), "returncode": None}
-        for path, data in (plan.files() if plan else {}).items():
-            await self.run(self.backend.put_file, c.id, path, data, 0o600)
-        run = await self.exec(c, f"bash {EVAL_PATH}", cwd, {}, timeout_s, cap=8 * 1024 * 1024)
-        output = referee.strip_signed(run.output) if plan else run.output
+            run = dataclasses.replace(both, output=rest)
+        output, found = run.output, []
+        if plan is not None and second is not None and not run.timed_out:
+            # the install step has run: nothing of it may be left or have reached the system
+            # before the referee's files exist (envd.graded_run.install_checks)
+            found = await self.run(graded_run.install_checks, self.backend.client.api, c.id)
+            if not found:
+                await self.run(graded_run.put_files, self.backend.client.api, c.id,
+                               {**self._run_files(plan), EVAL_PATH: (grading.frame_script(second).encode(), 0o755)})
+                left = max(1.0, timeout_s - (time.monotonic() - t0))
+                run = await self.exec(c, f"exec 2>&1\nbash {EVAL_PATH}", cwd, {}, left, cap=8 * 1024 * 1024)
+                found = referee.infra_changes(run.output)
+                output += run.output
+        if found:
+            return {**self._refuse(c, found), "returncode": None, "output": self._tail(output)}
+        shown = referee.strip_signed(output) if plan else output
         out: dict[str, Any] = {"resolved": run.returncode == 0 and not run.timed_out,
-                               "returncode": run.returncode, "output": self._tail(output),
+                               "returncode": run.returncode, "output": self._tail(shown),
                                "timed_out": run.timed_out,
-                               "log": grading.frame_log(output, nonce) if nonce else output,
-                               "nonce": nonce, "referee": (plan, run.output) if plan else None}
+                               "log": grading.frame_log(shown, nonce) if nonce else shown,
+                               "nonce": nonce, "referee": (plan, output) if plan else None}
         if run.timed_out:
             out["error"] = f"evaluation timed out after {timeout_s:g}s"
         return out
 
-    async def _pristine(self, c: Owned, patch: str, instance: dict[str, Any], cwd: str) -> list[tamper.Tamper]:
-        """After the patch: its pytest settings compared parsed (setup.cfg / pyproject.toml), then
-        the test infrastructure put back to the base commit. Returns what tampers (if anything)."""
-        found = []
-        for path in tamper.settings_files(patch):
-            sep = secrets.token_hex(8)
-            q = shlex.quote(path)
-            both = await self.exec(c, f"git show HEAD:{q} 2>/dev/null; echo; echo {sep}; cat {q} 2>/dev/null",
-                                   cwd, {}, APPLY_TIMEOUT_S)
-            before, _, after = both.output.partition(f"\n{sep}\n")
-            hit = tamper.pytest_settings_changed(path, before, after)
-            if hit:
-                found.append(hit)
-        if found:
-            return found
-        restore = await self.exec(c, tamper.restore_script(instance, cwd), cwd, {}, APPLY_TIMEOUT_S)
-        if restore.returncode != 0:
-            raise ApiError(500, f"could not restore the test infrastructure: {self._tail(restore.output, 2000)}")
-        return []
-
     async def _grade_fresh(self, agent: Owned, req: EvaluateReq, instance: dict[str, Any],
                            script: str, timeout_s: float) -> dict[str, Any]:
         """Grade in a fresh container from the agent's image (its tests may be tampered with). A
-        pytest row is run through envd.referee: its signed verdict decides, the log cross-checks."""
+        row whose test command the referee can run (envd.referee) is judged by its signed verdict
+        (envd.verdict); the log cross-checks."""
         assert self.backend
         image = await self.run(self.backend.image_of, agent.id)
         # warm containers are kept by the name creates ask for: grade from the agent's image
@@ -486,32 +497,40 @@ class Envd:
             report = await anyio.to_thread.run_sync(harness.grade, instance, full_log, nonce)
             found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "
                                    f"harness: {why}") for why in report.forged]
-            verdict = None
+            judged = None
             if ref is not None:
-                verdict = await anyio.to_thread.run_sync(referee.judge, ref[0], ref[1], instance,
+                judged = await anyio.to_thread.run_sync(verdict.judge, ref[0], ref[1], instance,
                                                          report.tests_status, result["timed_out"])
-                found += verdict.tampers
+                found += judged.tampers
                 hidden = referee.canary_ids(ref[0])  # the grader's own tests are not the row's
                 report.tests_status = {t: s for t, s in report.tests_status.items() if t not in hidden}
             shown: dict[str, Any] = {"tests_status": report.tests_status, "fail_to_pass": report.fail_to_pass,
                                      "pass_to_pass": report.pass_to_pass}
-            if verdict is not None:
-                shown["referee"] = {"statuses": verdict.statuses, "isolated": verdict.isolated, "runs": verdict.runs}
+            if judged is not None:
+                shown["referee"] = {"statuses": judged.statuses, "isolated": judged.isolated, "runs": judged.runs}
             if found:
                 result.update(self._refuse(fresh, found), **shown)
                 return result
             resolved = report.resolved and not result["timed_out"]
-            if verdict is not None:
+            if judged is not None:
                 f2p = report.fail_to_pass  # P2P: a log-good test the referee saw fail is a tamper above
-                resolved = resolved and verdict.ok and all(verdict.statuses.get(t) in ("PASSED", "XFAIL")
-                                                           for t in f2p)
+                resolved = resolved and judged.ok and all(judged.statuses.get(t) in ("PASSED", "XFAIL")
+                                                          for t in f2p)
             result.update(resolved=resolved, **shown)
-            error = report.error or (verdict.error if verdict is not None else "")
+            error = report.error or (judged.error if judged is not None else "")
             if error:
                 result["error"] = result.get("error") or error
             return result
         finally:
             await self._destroy(fresh.id, "eval_done")
+
+    def _not_applied(self, prep: ExecOutcome) -> dict[str, Any]:
+        return {"resolved": False, "returncode": prep.returncode, "output": self._tail(prep.output),
+                "error": f"patch does not apply: {self._tail(prep.output, 2000)}", "timed_out": prep.timed_out}
+
+    @staticmethod
+    def _run_files(plan: referee.RefereePlan) -> dict[str, tuple[bytes, int]]:
+        return {path: (data, 0o700 if path.endswith("/") else 0o600) for path, data in plan.files().items()}
 
     def _tail(self, text: str, n: int | None = None) -> str:
         n = n or self.ecfg.eval_output_tail

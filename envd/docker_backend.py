@@ -117,7 +117,10 @@ class DockerBackend:
         return bool(self.client.ping())
 
     def images(self) -> list[str]:
-        return sorted(t for img in self.client.images.list() for t in img.tags)
+        # the low-level list: the SDK's images.list() inspects each image after listing it, and one
+        # removed in between (the image budget, another engine user) would fail the whole call
+        return sorted(t for img in self.client.api.images() for t in (img.get("RepoTags") or [])
+                      if t != "<none>:<none>")
 
     def has_image(self, image: str) -> bool:
         try:

@@ -90,20 +90,27 @@ def _image_labels(client: docker.DockerClient, name: str) -> dict[str, str] | No
 def ensure_base_image(client: docker.DockerClient, force: bool = False) -> str:
     """`swarl/base:bookworm`: debootstrap (minbase) once, `docker import`, then cached (rebuilt
     when its content-hash label no longer matches the package list and recipe)."""
-    with machine_lock("base-image"):
-        labels = _image_labels(client, BASE_IMAGE)
-        if not force and labels is not None and labels.get(LABEL_HASH) == base_content_hash():
-            return BASE_IMAGE  # cached: same suite, packages and recipe
+    return ensure_debian_image(client, BASE_IMAGE, BASE_PACKAGES, force=force)
+
+
+def ensure_debian_image(client: docker.DockerClient, image: str, packages: list[str], force: bool = False) -> str:
+    """`image` as debootstrap (minbase) of BASE_SUITE with `packages`, imported once and then
+    cached by a content-hash label (suite, packages, recipe)."""
+    want = debian_content_hash(packages)
+    lock = "base-image" if image == BASE_IMAGE else f"debian-image-{re.sub(r'[^A-Za-z0-9]+', '_', image)}"
+    with machine_lock(lock):
+        labels = _image_labels(client, image)
+        if not force and labels is not None and labels.get(LABEL_HASH) == want:
+            return image  # cached: same suite, packages and recipe
         debootstrap = shutil.which("debootstrap")
         if debootstrap is None:
             raise RuntimeError("debootstrap not found: run `make setup` (apt-get install debootstrap)")
         mirror = debian_mirror()
         t0 = time.monotonic()
-        log.info("building base image with debootstrap", image=BASE_IMAGE, mirror=mirror,
-                 packages=",".join(BASE_PACKAGES))
+        log.info("building a Debian image with debootstrap", image=image, mirror=mirror, packages=",".join(packages))
         with tempfile.TemporaryDirectory(prefix="swarl-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            cmd = [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+            cmd = [debootstrap, "--variant=minbase", f"--include={','.join(packages)}",
                    BASE_SUITE, str(rootfs), mirror]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if proc.returncode != 0:
@@ -116,18 +123,21 @@ def ensure_base_image(client: docker.DockerClient, force: bool = False) -> str:
             tar_path = Path(tmp) / "rootfs.tar"
             subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tar_path), "."],
                            check=True, timeout=600)
-            changes = [f"ENV {e}" for e in IMAGE_ENV] + ['CMD ["sleep", "infinity"]',
-                                                         f"LABEL {LABEL_HASH}={base_content_hash()}"]
-            repo, tag = BASE_IMAGE.split(":")
+            changes = [f"ENV {e}" for e in IMAGE_ENV] + ['CMD ["sleep", "infinity"]', f"LABEL {LABEL_HASH}={want}"]
+            repo, tag = image.rsplit(":", 1)
             client.api.import_image_from_file(str(tar_path), repository=repo, tag=tag, changes=changes)
-        if _image_labels(client, BASE_IMAGE) is None:
-            raise RuntimeError(f"docker import did not produce {BASE_IMAGE}")
-        log.info("base image built", image=BASE_IMAGE, seconds=round(time.monotonic() - t0, 1))
-        return BASE_IMAGE
+        if _image_labels(client, image) is None:
+            raise RuntimeError(f"docker import did not produce {image}")
+        log.info("Debian image built", image=image, seconds=round(time.monotonic() - t0, 1))
+        return image
 
 
 def base_content_hash() -> str:
-    return hashlib.sha256(f"{BASE_SUITE}|{','.join(BASE_PACKAGES)}|{RECIPE_VERSION}".encode()).hexdigest()[:16]
+    return debian_content_hash(BASE_PACKAGES)
+
+
+def debian_content_hash(packages: list[str]) -> str:
+    return hashlib.sha256(f"{BASE_SUITE}|{','.join(packages)}|{RECIPE_VERSION}".encode()).hexdigest()[:16]
 
 
 # --- task images ------------------------------------------------------------------------------

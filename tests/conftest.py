@@ -89,4 +89,5 @@ from fixtures_envd import *  # noqa: E402,F403
 from fixtures_images import *  # noqa: E402,F403
 from fixtures_inference import *  # noqa: E402,F403
 from fixtures_model import *  # noqa: E402,F403
+from fixtures_real_rows import *  # noqa: E402,F403
 from fixtures_tasks import *  # noqa: E402,F403

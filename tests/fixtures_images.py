@@ -160,7 +160,7 @@ def docker_nodes(docker_url: str) -> Iterator[list[DockerNode]]:
     finally:
         for node in nodes:
             with contextlib.suppress(Exception), contextlib.closing(node.client()) as c:
-                for ctr in c.containers.list(all=True):
+                for ctr in c.containers.list(all=True, ignore_removed=True):
                     ctr.remove(force=True)
         for node in nodes:
             node.stop()

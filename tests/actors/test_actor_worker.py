@@ -136,7 +136,7 @@ async def test_sigterm_hands_back_sigkill_reruns_elsewhere_without_orphans(
         client = docker.DockerClient(base_url=docker_url)
         try:
             for lease in (lease_a, lease_b):
-                assert client.containers.list(all=True, filters={"label": f"{LABEL_LEASE}={lease}"}) == []
+                assert client.api.containers(all=True, filters={"label": f"{LABEL_LEASE}={lease}"}) == []
         finally:
             client.close()
     finally:

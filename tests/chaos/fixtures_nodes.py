@@ -83,9 +83,9 @@ def second_docker(docker_url: str, test_image: str) -> Iterator[DockerNode]:
     first = docker.DockerClient(base_url=docker_url, timeout=300)
     second = docker.DockerClient(base_url=node.url, timeout=300)
     try:
-        if not second.images.list(name=test_image):
+        if not second.api.images(name=test_image):
             second.images.load(b"".join(first.images.get(test_image).save(named=True)))
-        for c in second.containers.list(all=True):   # left by an earlier, interrupted run
+        for c in second.containers.list(all=True, ignore_removed=True):   # left by an earlier, interrupted run
             c.remove(force=True)
     finally:
         first.close()

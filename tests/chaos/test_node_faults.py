@@ -50,7 +50,7 @@ async def _wait(cond, limit_s: float, what: str, logs=()) -> None:
 def _labelled(docker_url: str, node_id: str) -> list:
     client = docker.DockerClient(base_url=docker_url, timeout=60)
     try:
-        return client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"})
+        return client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"}, ignore_removed=True)
     finally:
         client.close()
 

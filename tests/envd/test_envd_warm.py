@@ -16,7 +16,9 @@ pytestmark = pytest.mark.docker
 def _owned(docker_url: str, node_id: str) -> list[str]:
     client = docker.DockerClient(base_url=docker_url)
     try:
-        return [c.id for c in client.containers.list(all=True, filters={"label": f"swarl.owner={node_id}"})]
+        # not containers.list(): it inspects each container after listing it, and the warm reaper may
+        # have removed one in between (a 404 that fails the test)
+        return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"swarl.owner={node_id}"})]
     finally:
         client.close()
 

@@ -152,10 +152,10 @@ async def test_the_budget_evicts_the_lru_unused_image_never_one_in_use(image_nod
 
     node = docker_nodes[0]
     with contextlib.closing(node.client()) as c:  # node-a's image store holds just this test's images
-        for ctr in c.containers.list(all=True):
+        for ctr in c.containers.list(all=True, ignore_removed=True):
             ctr.remove(force=True)
-        for img in c.images.list():
-            c.images.remove(img.id, force=True)
+        for img in c.api.images():
+            c.images.remove(img["Id"], force=True)
     payload_mb = 4
     (keep,) = tiny_images(1, prefix="keep", payload_mb=payload_mb)
     in_use, lru, newest = tiny_images(3, payload_mb=payload_mb)
@@ -242,7 +242,7 @@ def test_push_puts_bundled_task_images_where_envd_pulls_them(registry, image_nod
     assert tag in tags["tags"]
     (a,) = image_nodes(only=["node-a"])
     with contextlib.closing(__import__("docker").DockerClient(base_url=os.environ["DOCKER_HOST"])) as c:
-        assert image in {t for img in c.images.list() for t in img.tags}  # the pushed tag is gone, not the image
+        assert image in {t for img in c.api.images() for t in (img.get("RepoTags") or [])}  # the pushed tag is gone, not the image
     assert image not in node_images(a)
 
     async def pull() -> dict:
