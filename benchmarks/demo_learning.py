@@ -77,13 +77,15 @@ def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
     return {"aggregate": agg, "runs": runs, "partial": expected is not None and found != expected}
 
 
-def run(seeds: str, minutes: float | None, steps: int, extra: list[str]) -> Path:
+def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, extra: list[str]) -> Path:
     run_dir = ROOT / "runs" / f"demo-learning-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
     if minutes is not None:
         cmd += ["--minutes", str(minutes)]
     if steps:
         cmd += ["--steps", str(steps)]
+    if train_pool is not None:
+        cmd += ["--train-pool", str(train_pool)]
     if not any(x.startswith("--warm-seed") for x in extra):
         cmd += ["--warm-seed", "0"]  # one warm start: seeds vary the RL run (and its draws), not the start
     cmd += extra
@@ -98,6 +100,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=18, help="learner steps per run (equal compute in every arm; "
                     "18 is what 5 minutes give on 2 idle cores; 0: --minutes alone)")
     ap.add_argument("--minutes", type=float, default=20.0, help="training minutes per run, at most")
+    ap.add_argument("--train-pool", type=int, default=None, help="RL's train pool: fresh instances "
+                    "(default: the demo's, swarl.demo.run.TRAIN_POOL); 0: the fixed train split (96)")
     ap.add_argument("--report-only", action="store_true", help="re-render from benchmarks/demo_learning.json")
     ap.add_argument("--from-run", type=Path, default=None,
                     help="record this finished `swarl demo --seeds` run directory instead of running")
@@ -107,13 +111,14 @@ def main() -> int:
         data = json.loads(OUT_JSON.read_text())
     else:
         t0 = time.monotonic()
-        run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.steps, a.demo_args)
+        run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.steps, a.train_pool, a.demo_args)
         data = collect(run_dir, [int(x) for x in a.seeds.split(",") if x])
         if a.from_run:
             a.seeds = ",".join(str(r["seed"]) for r in data["runs"]["rl"])
         data["meta"] = {"command": f"benchmarks/demo_learning.py --seeds {a.seeds}"
                         + (f" --steps {a.steps}" if a.steps else "")
                         + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
+                        + (f" --train-pool {a.train_pool}" if a.train_pool is not None else "")
                         + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
                         "wall_minutes": (_wall_minutes(run_dir) if a.from_run
                                          else round((time.monotonic() - t0) / 60, 1)),
@@ -131,10 +136,15 @@ def main() -> int:
     wall = f"; {meta['wall_minutes']:g} min in all" if meta.get("wall_minutes") is not None else ""
     budget = (f"{results[0]['steps_budget']} learner steps per run (at most {results[0]['minutes']:g} min)"
               if results[0].get("steps_budget") else f"{results[0]['minutes']:g} min of training per run")
+    pools = sorted({r.get("train_pool", 0) for r in results})
+    seen = sorted(r.get("train_tasks_seen", 0) for r in results)
+    trained_on = (f" RL trained on a pool of {pools[0]} fresh generated instances (train families and "
+                  f"combinations; {seen[0]}–{seen[-1]} of them met per run)." if pools == [pools[0]] and pools[0]
+                  else " RL trained on the fixed train split (96 instances)." if pools == [0] else "")
     partial = (f" A partial run: the seeds whose every arm finished ({', '.join(map(str, agg['seeds']))})."
                if data.get("partial") else "")
     how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{wall}: {budget} "
-           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{partial} "
+           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{trained_on}{partial} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
            f"as the learner took. Every evaluation shares its sampling draws per (task, sample) "

@@ -219,8 +219,10 @@ def build_task_images(
     progress: bool = True,
     force: bool = False,
     on_image: Callable[[str, bool], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[str]:
-    """Build (or find cached) the images of `tasks` (default: the whole bundled suite)."""
+    """Build (or find cached) the images of `tasks` (default: the whole bundled suite).
+    `stop()` true before an image: return the images so far (a demo interrupted meanwhile)."""
     ensure_base_image(client)
     tasks = load_tasks("all") if tasks is None else tasks
     images: list[str] = []
@@ -229,6 +231,8 @@ def build_task_images(
         prog_ctx = _progress(len(tasks)) if progress else contextlib.nullcontext(None)
         with prog_ctx as advance:
             for task in tasks:
+                if stop is not None and stop():
+                    break
                 image, built = build_task_image(client, task, force=force)
                 images.append(image)
                 if advance is not None:

@@ -22,7 +22,10 @@ def demo(
     servers: Annotated[int, typer.Option("--servers", help="CPU inference servers.")] = 2,
     eval_samples: Annotated[int, typer.Option("--eval-samples", help="Episodes per task when measuring resolve rates.")] = 2,
     eval_per_family: Annotated[int, typer.Option("--eval-per-family", help="Tasks per bug family evaluated in each split (0: all).")] = 8,
-    train_per_family: Annotated[int, typer.Option("--train-per-family", help="Train tasks per bug family (0: the whole train split).")] = 0,
+    train_per_family: Annotated[int, typer.Option("--train-per-family", help="Train tasks per bug family (0: the whole pool or train split).")] = 0,
+    train_pool: Annotated[int, typer.Option("--train-pool", help="RL trains on this many fresh generated "
+                                            "instances of the train families and combinations (their images "
+                                            "built once, cached); 0: on the fixed train split (96).")] = 512,  # swarl.demo.run.TRAIN_POOL
     warm_seed: Annotated[int | None, typer.Option("--warm-seed", help="Seed of the tiny model and warm start "
                                                   "(default: --seed); fixed, seeds vary only the RL run.")] = None,
     sft_epochs: Annotated[int, typer.Option("--sft-epochs", help="Epochs of the supervised warm start.")] = 1,
@@ -59,7 +62,7 @@ def demo(
     setup_logging("warning")
     opts = DemoOptions(minutes=minutes, steps=steps or None, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
-                       train_per_family=train_per_family or None, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
+                       train_per_family=train_per_family or None, train_pool=train_pool, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos, run_dir=run_dir, config=config,
                        sets=tuple(sets or ()), prm=prm, arm=arm,
                        sft_control=sft_control, handwritten=handwritten, recheck=recheck, pair_forms=pair_forms)
     from common.procs import sigterm_interrupts

@@ -66,6 +66,11 @@ HANDWRITTEN = "handwritten"  # the bundled hand-written suite (swe/tasks/tasks.j
 # practice instances the warm start demonstrates on (swe.tasks.generated.practice): 1,200 steps of
 # 8, about 3.5 min on 2 cores; the loss reaches its floor (the choice among a family's edits) by ~1,000
 PRACTICE = 9600
+# RL's train pool (swe.tasks.generated.pool): fresh instances of the train families and
+# combinations, each trained on about once in a run (a fixed set of 96 is memorised instead:
+# docs/demo.md "The ceiling"); its images are built once (~0.7 s each) and cached
+TRAIN_POOL = 512
+POOL_SEED = 0  # the pool is the same for every --seed (its images are built once); seeds reorder it
 
 
 @dataclass
@@ -78,7 +83,8 @@ class DemoOptions:
     servers: int = 2
     eval_samples: int = 2
     eval_per_family: int | None = 8  # tasks per bug family evaluated in each split (None: all)
-    train_per_family: int | None = None  # train tasks per bug family enqueued (None: the whole split)
+    train_per_family: int | None = None  # train tasks per bug family enqueued (None: the whole split or pool)
+    train_pool: int = TRAIN_POOL  # RL trains on this many fresh pool instances; 0: the fixed train split (96)
     sft_epochs: int = 1
     sft_lr: float = 3e-3
     warm_seed: int | None = None  # the warm start's seed (model init and SFT); None: `seed`
@@ -111,6 +117,8 @@ class Demo:
         self.events: list[str] = []  # supervision events, newest last, for the live view
         self.stopping = threading.Event()  # set when the demo is interrupted: the warm start's thread stops
         self.redis_restarts = 0
+        self.pool_images: threading.Thread | None = None  # builds the pool's images in the background
+        self.pool_images_error: BaseException | None = None
 
     def say(self, msg: str) -> None:
         self.console.print(f"[bold cyan]swarl demo[/] {msg}")
@@ -144,13 +152,64 @@ class Demo:
         self.say(f"Docker engine at {url}; building the bundled task images (cached)")
         client = docker.DockerClient(base_url=url, timeout=300)
         try:
-            rows = self.train_rows() + [r for split in self.splits() for r in self.eval_rows(split)]
+            rows = ([] if self.o.train_pool else self.train_rows()) + [
+                r for split in self.splits() for r in self.eval_rows(split)]
             rows = list({r["instance_id"]: r for r in rows}.values())
             build_task_images(client, rows, progress=True, on_image=self._image_progress(len(rows)))
         finally:
             client.close()
+        if self.o.train_pool:  # while the warm start and the first evaluation run
+            self.pool_images = threading.Thread(target=self._build_pool_images, args=(url,),
+                                                name="pool-images", daemon=True)
+            self.pool_images.start()
+
+    def _build_pool_images(self, url: str) -> None:
+        import docker
+
+        from envd.images import build_task_images
+
+        try:
+            t0, rows = time.monotonic(), self.train_rows()
+            built = [0]
+
+            def on_image(image: str, new: bool) -> None:
+                built[0] += int(new)
+                if new and built[0] % 64 == 0:
+                    self.say(f"train pool: {built[0]} images built, {time.monotonic() - t0:.0f}s")
+
+            client = docker.DockerClient(base_url=url, timeout=300)
+            try:
+                build_task_images(client, rows, progress=False, on_image=on_image, stop=self.stopping.is_set)
+            finally:
+                client.close()
+            self.say(f"train pool: {len(rows)} instances' images ready ({built[0]} built) "
+                     f"in {time.monotonic() - t0:.0f}s")
+        except BaseException as e:  # raised again where training waits for it
+            self.pool_images_error = e
+
+    async def wait_pool_images(self) -> None:
+        """Training starts once every pool image exists (built in the background since set-up)."""
+        if self.pool_images is None:
+            return
+        if self.pool_images.is_alive():
+            self.say("waiting for the train pool's images")
+        await asyncio.to_thread(self.pool_images.join)
+        if self.pool_images_error is not None:
+            raise self.pool_images_error
 
     def train_rows(self) -> list[dict[str, Any]]:
+        """What RL trains on: the first `train_pool` pool instances (swe.tasks.generated.pool),
+        or with train_pool 0 the fixed train split; `train_per_family` of each family."""
+        from swe.tasks.generated import TRAIN_FAMILIES, pool_rows
+
+        if not self.o.train_pool:
+            return self.train_split_rows()
+        n = self.o.train_pool
+        if self.o.train_per_family:  # the pool's k-th instance is of family k mod 4
+            n = min(n, self.o.train_per_family * len(TRAIN_FAMILIES))
+        return per_family(pool_rows(n, POOL_SEED, cache_dir=CACHE / "pool"), self.o.train_per_family)
+
+    def train_split_rows(self) -> list[dict[str, Any]]:
         from swe.tasks import load_tasks
 
         return per_family(load_tasks("train", suite=SUITE), self.o.train_per_family)
@@ -193,7 +252,7 @@ class Demo:
         if self.o.sft_on == "practice":
             train: list[Any] = [(demo_row(i), i) for i in practice(self.o.sft_demos, seed=ws)]
         elif self.o.sft_on == "train":
-            train = self.train_rows()
+            train = self.train_split_rows()
         else:
             raise ValueError(f"sft_on: train or practice, got {self.o.sft_on!r}")
         seqs = demonstrations(train, templates, ChatEncoder(AutoTokenizer.from_pretrained(base)),
@@ -402,6 +461,12 @@ class Demo:
         finally:
             await pool.aclose()
 
+    def tasks_seen(self) -> int:
+        """How many distinct train tasks the actors ran episodes of (their trajectories)."""
+        d = self.run_dir / "trajectories"
+        ids = {r["instance_id"] for r in self.train_rows()}
+        return len({p.name.rsplit("__", 1)[0] for p in d.iterdir()} & ids) if d.is_dir() else 0
+
     def metrics(self) -> list[dict[str, Any]]:
         """The learner's rows of metrics.jsonl, one per step (eval rows left out)."""
         from learner.metrics_log import EVAL_VERSION, read_metrics
@@ -417,7 +482,11 @@ class Demo:
 
         cfg = self.config()
         keys = self.keys()
-        epochs_enqueued = 4
+        # about 768 jobs queued at first and 384 more whenever it runs low, in whole epochs: 4 and
+        # 2 epochs of the 96-task split; 1 and 1 of a pool of 512 (each task met once an epoch)
+        per_epoch = max(1, len(self.train_units()) * cfg.learner.n_samples_per_prompt)
+        first, more = -(-768 // per_epoch), -(-384 // per_epoch)
+        epochs_enqueued = first
         await self.enqueue(redis_url, range(epochs_enqueued))
         self.start_training(cfg_path, pool_url)
         t_end = time.monotonic() + self.o.minutes * 60
@@ -429,8 +498,8 @@ class Demo:
             nonlocal epochs_enqueued
             st = await gather(r, keys, cfg.replay, cfg.admission)
             if st["queue"]["depth"] < 48:  # keep the actors busy
-                await self.enqueue(redis_url, range(epochs_enqueued, epochs_enqueued + 2))
-                epochs_enqueued += 2
+                await self.enqueue(redis_url, range(epochs_enqueued, epochs_enqueued + more))
+                epochs_enqueued += more
             return st
 
         def view(st: dict[str, Any], rows: list[dict[str, Any]], left: float, stale_s: float) -> Table:
@@ -548,8 +617,11 @@ class Demo:
             before = self.reuse_before(Path(self.o.before_from))
         else:
             before = await self.evaluate(svc["pool_url"], self.server_urls[0], "before")
+        await self.wait_pool_images()
         self.say(f"training for {self.o.minutes:g} min with {self.o.actors} actors x {self.o.concurrency} "
-                 f"episodes and {self.o.servers} inference server(s)")
+                 f"episodes and {self.o.servers} inference server(s) on "
+                 + (f"a pool of {len(self.train_rows())} fresh train instances" if self.o.train_pool
+                    else f"the train split ({len(self.train_rows())} instances)"))
         await self.train(redis_url, svc["pool_url"], svc["config"])
         self.stop_training()
         url, version = await self.newest_server(redis_url)
@@ -584,6 +656,7 @@ class Demo:
         result = {**flat_result(learning),
                 "samples_trained": sum(int(x.get("samples", 0)) for x in rows),
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
+                "train_pool": self.o.train_pool, "train_tasks_seen": self.tasks_seen(),
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
                 "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),
@@ -626,6 +699,9 @@ class Demo:
         return out
 
     def close(self) -> None:
+        self.stopping.set()  # the pool's image builder stops after the image it is building
+        if self.pool_images is not None:
+            self.pool_images.join(30)
         self.procs.stop_all(30)
         if self.redis is not None:
             self.redis.stop()

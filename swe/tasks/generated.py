@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import re
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -260,9 +262,10 @@ def _function(rng: random.Random, fam: Family, form: Form, layout: str, fn: str
 
 
 def _instance(rng: random.Random, split: str, fam: Family, combo: tuple[int, int, int], index: int,
-              used: set[str], demo_edit: int = 0) -> Instance:
+              used: set[str], demo_edit: int = 0, prefix: str = "") -> Instance:
     """`used`: module paths and (buggy function, family) pairs taken; updated with this
-    instance's. Held-out instances' buggy functions are also unique among themselves."""
+    instance's. Held-out instances' buggy functions are also unique among themselves.
+    `prefix`: the instance is named `<prefix><index>` (the pool's: never a suite row's name)."""
     held = split.startswith("heldout")
     while True:
         pkg, mod = f"lib_{rng.randint(10, 99)}", f"part_{rng.randint(10, 99)}"
@@ -276,7 +279,7 @@ def _instance(rng: random.Random, split: str, fam: Family, combo: tuple[int, int
             break
     wording, form_i, layout_i = combo
     form, layout = fam.forms[form_i], LAYOUTS[layout_i]
-    name = f"{pkg}-{mod}-{index}".replace("_", "")
+    name = f"{prefix}{index}" if prefix else f"{pkg}-{mod}-{index}".replace("_", "")
     target_fn = fns[0]
     fillers = [FAMILIES[f] for f in rng.sample(TRAIN_FAMILIES, 3)]
     order: list[tuple[Family, str]] = [(fam, target_fn), *zip(fillers, fns[1:], strict=True)]
@@ -326,22 +329,62 @@ def instances() -> tuple[Instance, ...]:
     return tuple(out)
 
 
+def _train_like(n: int, stream: str, split: str, prefix: str = "") -> list[Instance]:
+    """`n` instances of the train families in the train combinations drawn from `stream`: the
+    k-th of a family has combination k mod 8 and `demo_edit` (k div 8) mod 2. No path of the
+    held-out splits, and no held-out function number (buggy or filler), occurs in them."""
+    held = {i.path for i in instances() if i.split != "train"}
+    rng = random.Random(stream)
+    combos = SPLIT_COMBOS["train"]
+    out = []
+    for k in range(n):
+        fam = FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]]
+        j = k // len(TRAIN_FAMILIES)
+        out.append(_instance(rng, split, fam, combos[j % len(combos)], k + 1, set(held),
+                             demo_edit=(j // len(combos)) % len(fam.primitives), prefix=prefix))
+    return out
+
+
 def practice(n: int, seed: int = 0) -> list[Instance]:
     """`n` more instances of the train families in the train combinations, for the warm start's
     demonstrations (no images: a demonstration's observations are computed); no path or
     function number of the held-out splits occurs in them. The k-th instance of a family has
     combination k mod 8 and `demo_edit` (k div 8) mod 2: over every 16 of a family, each
     (combination, demonstrated primitive) pair once — the edit shown is independent of the code."""
-    held = {i.path for i in instances() if i.split != "train"}
-    rng = random.Random(f"practice-{seed}")
-    combos = SPLIT_COMBOS["train"]
-    out = []
-    for k in range(n):
-        fam = FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]]
-        j = k // len(TRAIN_FAMILIES)
-        out.append(_instance(rng, "practice", fam, combos[j % len(combos)], k + 1, set(held),
-                             demo_edit=(j // len(combos)) % len(fam.primitives)))
-    return out
+    return _train_like(n, f"practice-{seed}", "practice")
+
+
+POOL_SPLIT = "pool"
+POOL_PREFIX = "pool"
+
+
+@lru_cache(maxsize=4)
+def pool(n: int, seed: int = 0) -> tuple[Instance, ...]:
+    """RL's train pool (`swarl demo --train-pool n`): `n` fresh instances drawn like the train
+    split — the train families in the train combinations, no held-out path or function number —
+    from a stream of their own (`pool-<seed>`, not the warm start's `practice-<seed>`), named
+    `pool<seed>-<k>` (instance_id `swarl-tasks__pool<seed>-<k>`, image
+    `swarl/task.pool<seed>-<k>`). A prefix of a longer pool: pool(n)[:k] == pool(k). Rows
+    (`pool_rows`) are real SWE rows graded by their tests in their own image, like the train
+    split's; with the k-th of a family in combination k mod 8, consecutive rows of a family and
+    wording come in both forms (`form_pairs` pairs them)."""
+    return tuple(_train_like(n, f"pool-{seed}", POOL_SPLIT, prefix=f"{POOL_PREFIX}{seed}-"))
+
+
+def pool_instance(instance_id: str) -> Instance | None:
+    """The pool instance an id names (`swarl-tasks__pool<seed>-<k>`), or None for another id."""
+    m = re.fullmatch(rf"{re.escape(REPO_PREFIX)}__{POOL_PREFIX}(\d+)-(\d+)", instance_id)
+    if m is None:
+        return None
+    seed, k = int(m.group(1)), int(m.group(2))
+    if k < 1:
+        return None
+    return pool(_pool_size(k), seed)[k - 1]
+
+
+def _pool_size(k: int) -> int:
+    """A pool long enough to hold the k-th instance, rounded up so lookups share a cached pool."""
+    return max(1024, 1 << (k - 1).bit_length())
 
 
 def demo_row(inst: Instance) -> dict[str, Any]:
@@ -498,6 +541,31 @@ def build_row(inst: Instance) -> dict[str, Any]:
     }
 
 
+def pool_rows(n: int, seed: int = 0, cache_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The rows of pool(n, seed) (`build_row`: git work, ~0.1 s a row). With `cache_dir` they are
+    kept in `<cache_dir>/pool<seed>-<hash>.jsonl`, `<hash>` of the sources that write a row, and
+    a longer pool extends the file (a pool's rows are a prefix of a longer one's)."""
+    if cache_dir is None:
+        return [build_row(i) for i in pool(n, seed)]
+    import hashlib
+
+    from swe.tasks import generate as gen_mod
+    from swe.tasks import gitrepo
+
+    h = hashlib.sha256()
+    for mod in (sys.modules[__name__], gen_mod, gitrepo):
+        h.update(Path(str(mod.__file__)).read_bytes())
+    path = Path(cache_dir) / f"{POOL_PREFIX}{seed}-{h.hexdigest()[:16]}.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    if len(rows) < n:
+        rows += [build_row(i) for i in pool(n, seed)[len(rows):]]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
+    return rows[:n]
+
+
 def generate() -> list[dict[str, Any]]:
     return [build_row(i) for i in instances()]
 
@@ -526,18 +594,24 @@ def form_pairs(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def instance_files(instance_id: str) -> dict[str, str] | None:
-    """The files of a generated instance at its base commit, or None for another id."""
-    for inst in instances():
-        if inst.instance_id == instance_id:
-            return buggy(inst)
-    return None
+    """The files of a generated instance (the suite's or the pool's) at its base commit, or None
+    for another id."""
+    inst = _find(instance_id)
+    return None if inst is None else buggy(inst)
 
 
 def get_instance(instance_id: str) -> Instance:
+    inst = _find(instance_id)
+    if inst is None:
+        raise KeyError(f"instance_id: no generated task {instance_id!r}")
+    return inst
+
+
+def _find(instance_id: str) -> Instance | None:
     for inst in instances():
         if inst.instance_id == instance_id:
             return inst
-    raise KeyError(f"instance_id: no generated task {instance_id!r}")
+    return pool_instance(instance_id)
 
 
 def main(argv: list[str] | None = None) -> int:

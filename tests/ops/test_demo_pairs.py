@@ -47,10 +47,7 @@ def test_every_row_is_paired_with_the_other_form_of_its_symptom():
     assert form_pairs([*bundled, *odd]) == [[bundled[0]], [bundled[1]], [bundled[2]], odd]
 
 
-async def test_the_demo_enqueues_each_pair_as_one_group_of_adjacent_jobs(redis_url, tmp_path):
-    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run")))
-    keys: Keys = demo.keys()
-    await demo.enqueue(redis_url, range(2))
+async def _queued(redis_url: str, keys: Keys) -> tuple[list[str], list[dict], dict[str, int]]:
     pool = await arq_pool(redis_url)
     try:
         ids = [i.decode() for i in await pool.zrange(keys.queue, 0, -1)]
@@ -58,6 +55,14 @@ async def test_the_demo_enqueues_each_pair_as_one_group_of_adjacent_jobs(redis_u
         sizes = {k.decode(): int(v) for k, v in (await pool.hgetall(keys.group_sizes)).items()}
     finally:
         await pool.aclose()
+    return ids, payloads, sizes
+
+
+async def test_the_demo_enqueues_each_pair_as_one_group_of_adjacent_jobs(redis_url, tmp_path):
+    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run"), train_pool=0))  # the fixed train split
+    keys: Keys = demo.keys()
+    await demo.enqueue(redis_url, range(2))
+    ids, payloads, sizes = await _queued(redis_url, keys)
     assert len(ids) == 2 * 96 * 2  # two epochs, 96 train tasks, 2 samples each
     seen: Counter[str] = Counter()
     for start in range(0, len(ids), 4):  # a group's 4 jobs follow each other in the queue
@@ -72,8 +77,36 @@ async def test_the_demo_enqueues_each_pair_as_one_group_of_adjacent_jobs(redis_u
         seen.update(r["instance_id"] for r in rows)
     assert set(seen.values()) == {4}  # per task: 2 samples in each epoch's group
     # without pairing: one task per group, 4 samples
-    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run2"), pair_forms=False))
+    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run2"), train_pool=0, pair_forms=False))
     assert all(len(u) == 1 for u in demo.train_units())
+
+
+async def test_the_demo_trains_on_the_pool_in_pairs(redis_url, tmp_path, monkeypatch):
+    """--train-pool N (the default): RL's queue holds the pool's fresh instances, never a row of the
+    fixed splits, each pair of forms one group; an epoch meets each pool task once."""
+    import swarl.demo.run as demo_run
+
+    monkeypatch.setattr(demo_run, "CACHE", tmp_path / "cache")  # the pool's row cache
+    demo = Demo(DemoOptions(run_dir=str(tmp_path / "run"), train_pool=64))
+    keys: Keys = demo.keys()
+    rows = demo.train_rows()
+    assert len(rows) == 64 and {r["swarl_split"] for r in rows} == {"pool"}
+    assert (tmp_path / "cache" / "pool").is_dir()
+    await demo.enqueue(redis_url, range(1))
+    ids, payloads, sizes = await _queued(redis_url, keys)
+    assert len(ids) == 64 * 2 and set(sizes.values()) == {4}  # one epoch, 2 samples of each
+    fixed = {r["instance_id"] for s in ("train", "heldout", "heldout_family") for r in load_tasks(s, suite="generated")}
+    seen: Counter[str] = Counter()
+    for start in range(0, len(ids), 4):
+        rows4 = [p["instance"] for p in payloads[start:start + 4]]
+        assert len({p["group_id"] for p in payloads[start:start + 4]}) == 1
+        assert len({_form(r) for r in rows4}) == 2 and len({(r["swarl_family"], r["swarl_wording"]) for r in rows4}) == 1
+        seen.update(r["instance_id"] for r in rows4)
+    assert set(seen.values()) == {2} and len(seen) == 64 and not set(seen) & fixed
+    # a few per family (the system test's --train-per-family): the pool's first ones, still in pairs
+    small = Demo(DemoOptions(run_dir=str(tmp_path / "run3"), train_pool=64, train_per_family=2))
+    assert [r["instance_id"] for r in small.train_rows()] == [r["instance_id"] for r in rows[:8]]
+    assert all(len(u) == 2 for u in small.train_units())
 
 
 def test_a_learner_batch_trains_a_pair_whole_with_one_baseline():
