@@ -7,6 +7,7 @@ files and regenerates docs/demo.md's "Measured" section from them)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,51 @@ def write_doc(doc: Path, table: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + table + "\n"
     doc.write_text(text)
+
+
+CHANCE = 0.5  # each task has two edits that look alike; a policy that ignores the code resolves half
+
+
+def plot_run_learning(learning: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Path:
+    """One demo run, for a newcomer: left, the train resolve rate per learner step (and its
+    running mean over 5 steps) with the chance line; right, per evaluated split the resolve rate
+    before and after training with their 95% intervals (learning.json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    pts = sorted((r["step"], r["resolve_rate"]) for r in rows if isinstance(r.get("resolve_rate"), int | float))
+    if pts:
+        xs, ys = zip(*pts, strict=True)
+        left.plot(xs, ys, ".", color="#9aa5b1", label="per step (train episodes)")
+        k = min(5, len(ys))
+        run = [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
+        left.plot(xs, run, color="#2a7ab9", label=f"running mean of {k}")
+    else:
+        left.text(0.5, 0.5, "the learner took no step", ha="center", transform=left.transAxes)
+    left.axhline(CHANCE, color="#d1495b", ls="--", lw=1, label="chance (0.5)")
+    left.set(xlabel="learner step", ylabel="resolve rate", ylim=(-0.02, 1.02), title="training")
+    left.legend(fontsize=8, loc="lower right")
+    splits = list(learning["splits"])
+    for i, split in enumerate(splits):
+        d = learning["splits"][split]
+        for j, (key, color) in enumerate((("before", "#9aa5b1"), ("after", "#2a7ab9"))):
+            v = d[key]
+            x = i + (j - 0.5) * 0.35
+            right.bar(x, v["rate"], width=0.33, color=color, label=key if i == 0 else None)
+            right.errorbar(x, v["rate"], yerr=[[v["rate"] - v["ci"][0]], [v["ci"][1] - v["rate"]]],
+                           color="black", capsize=3, lw=1)
+        c = d["change"]
+        right.annotate(f"{c['change']:+.2f}\n[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]", (i, 1.0),
+                       ha="center", va="top", fontsize=7)
+    right.axhline(CHANCE, color="#d1495b", ls="--", lw=1)
+    right.set_xticks(range(len(splits)), [textwrap.fill(SPLIT_NAMES.get(s, s), 14) for s in splits], fontsize=7)
+    right.set(ylabel="resolve rate (95% interval)", ylim=(0, 1.1), title="evaluation: before and after")
+    right.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -638,15 +638,17 @@ class Demo:
         if self.o.recheck:  # determinism: the warm start's weights again, with the same draws
             ctrl_url = await self.load_server(self.run_dir / "model" / "warm")
             recheck = await self.evaluate(svc["pool_url"], ctrl_url, "recheck")
+        learning = learning_report(before, after, controls, seed=self.o.seed,
+                                   groups=task_groups([r for sp in self.splits() for r in self.eval_rows(sp)]))
         try:
             from learner.plot import plot_run
+            from swarl.demo.report import plot_run_learning
 
-            plots = plot_run(self.run_dir)
+            plots = [plot_run_learning(learning, rows, self.run_dir / "plots" / "learning.png"),
+                     *plot_run(self.run_dir)]
             self.say(f"plots: {', '.join(str(p) for p in plots)}")
         except Exception as e:  # plotting must not lose the result
             log.warning("plot_failed", error=str(e))
-        learning = learning_report(before, after, controls, seed=self.o.seed,
-                                   groups=task_groups([r for sp in self.splits() for r in self.eval_rows(sp)]))
         learning["arm"] = self.o.arm
         learning["before_from"] = self.o.before_from
         if recheck is not None:

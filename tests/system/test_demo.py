@@ -40,6 +40,9 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     assert result["learner_steps"] >= 1 and result["policy_version"] >= 1, result
     assert result["samples_trained"] > 0
     assert (run_dir / "metrics.jsonl").exists()
+    # the plots a newcomer reads: the run's learning.png, and no panel without data
+    plots = {p.name for p in (run_dir / "plots").glob("*.png")}
+    assert {"learning.png", "reward.png", "resolve_rate.png"} <= plots and "eval.png" not in plots, plots
     lo, hi = result["train_change_ci"]
     assert lo <= result["train_change"] <= hi
     # the evidence behind the line: per split rates, intervals, control and outcome breakdowns
