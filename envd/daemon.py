@@ -321,7 +321,7 @@ class Envd:
                 "pulled": pull.pulled, "pull_s": round(pull.seconds, 3), "create_s": round(create_s, 3)}
 
     async def exec(self, c: Owned, command: str, cwd: str | None, env: dict[str, str],
-                   timeout_s: float, cap: int | None = None) -> ExecOutcome:
+                   timeout_s: float, cap: int | None = None, stderr: bool = True) -> ExecOutcome:
         backend = self.backend
         assert backend
         await self.touch(c)
@@ -334,7 +334,7 @@ class Envd:
             lambda: loop.run_in_executor(None, backend.kill_exec, c.id, exec_id))
         try:
             out = await self.run(backend.exec, c.id, command, cwd, env, timeout_s,
-                                 cap or self.ecfg.output_cap_bytes, exec_id)
+                                 cap or self.ecfg.output_cap_bytes, exec_id, stderr)
         except NotFound as e:
             self.metrics.execs.labels("error").inc()
             await self._destroy(c.id, "gone")  # removed behind envd's back: forget it
@@ -615,7 +615,10 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
     @app.post("/container/diff")
     async def diff(req: DiffReq) -> dict[str, Any]:
         c = envd.lookup(req.container_id)
-        out = await envd.exec(c, DIFF_COMMAND, req.cwd, {}, DIFF_TIMEOUT_S, cap=cfg.max_body_bytes)
+        # stdout only: docker copies an exec's stdout and stderr apart, so what the login shell's
+        # profile writes to stderr may arrive after the marker (DIFF_COMMAND reports git's own
+        # errors on stdout)
+        out = await envd.exec(c, DIFF_COMMAND, req.cwd, {}, DIFF_TIMEOUT_S, cap=cfg.max_body_bytes, stderr=False)
         ok = out.returncode == 0 and DIFF_MARK in out.output
         return {"ok": True, "patch": out.output.split(DIFF_MARK, 1)[1] if ok else "",
                 "returncode": out.returncode if out.returncode != 0 or ok else 1,

@@ -261,12 +261,13 @@ class DockerBackend:
 
     # -- exec ----------------------------------------------------------------------
     def exec(self, container_id: str, command: str, cwd: str | None, env: dict[str, str] | None,
-             timeout: float, cap: int, exec_id: str | None = None) -> ExecOutcome:
+             timeout: float, cap: int, exec_id: str | None = None, stderr: bool = True) -> ExecOutcome:
         """Run `bash -lc command` with a timeout enforced inside the container.
 
         The caller arms a watchdog: if output stays open past timeout + grace (a child escaped
         the process group holding stdout), it calls kill_exec(container_id, exec_id) so the
-        stream ends and nobody waits unbounded.
+        stream ends and nobody waits unbounded. `stderr=False`: the command's stderr is not
+        attached (discarded), for output parsed by position.
         """
         exec_id = exec_id or secrets.token_hex(8)
         secs = exec_seconds(timeout)
@@ -274,7 +275,7 @@ class DockerBackend:
         cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", command]
         t0 = time.monotonic()
         try:
-            handle = self.exec_api.exec_create(container_id, cmd, stdout=True, stderr=True,
+            handle = self.exec_api.exec_create(container_id, cmd, stdout=True, stderr=stderr,
                                                  workdir=cwd or None, environment=environment)
         except docker.errors.NotFound:
             raise NotFound(f"unknown container {container_id}") from None

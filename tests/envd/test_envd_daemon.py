@@ -70,7 +70,10 @@ def test_lifecycle_and_container_settings(api, envd_server, test_image, docker_u
     assert d["ok"] and d["returncode"] == 0 and "+    return a + b" in d["patch"]
     # the patch is git's diff alone: the login shell's noise (a profile that prints, a container
     # out of processes) and git's warnings are in the merged output, never in the patch
-    api.post("/container/exec", json={"container_id": cid, "command": "echo 'echo profile-noise; echo more >&2' >> /etc/profile"})
+    # (stderr written after git's diff began, by a process the profile left behind: docker
+    # delivers the two streams apart, so only leaving stderr unattached keeps it out)
+    api.post("/container/exec", json={"container_id": cid, "command":
+             "echo 'echo profile-noise; echo more >&2; (sleep 0.5; echo late >&2) &' >> /etc/profile"})
     d2 = api.post("/container/diff", json={"container_id": cid}).json()
     assert d2["ok"] and d2["returncode"] == 0 and d2["patch"] == d["patch"], d2
     assert d2["patch"].startswith("diff --git")
