@@ -95,6 +95,10 @@ class LearnerConfig(Section):
         "against the behaviour logprobs.")
     clip_eps: float = Field(0.2, description="PPO clip range below 1 (ratio >= 1 - clip_eps).")
     clip_eps_high: float | None = Field(None, description="PPO clip range above 1; unset = clip_eps.")
+    clip_ratio_c: float | None = Field(
+        3.0, gt=1.0, description="Dual clip: with a negative advantage a token's loss is bounded at "
+        "clip_ratio_c x |advantage| (no gradient beyond), as verl's clip_ratio_c; after earlier "
+        "minibatches' updates a token's ratio can reach the 100s. Unset = off.")
     behav_imp_weight_cap: float | None = Field(
         5.0, description="decoupled: tokens with pi_prox/pi_behaviour above this are masked; "
         "unset = no cap.")
@@ -109,6 +113,9 @@ class LearnerConfig(Section):
         "before the advantages (rewards unrelated to the episodes; the demo's shuffled-reward control).")
     kl_coef: float = Field(0.0, description="KL(pi || pi_ref) penalty (k3 estimator); 0 = off and "
                            "no reference model is loaded.")
+    kl_clamp: float | None = Field(
+        10.0, gt=0, description="Per-token k3 values above this are clamped (no gradient beyond), "
+        "as verl's low_var_kl: k3's gradient grows as exp(ref - logp). Unset = no clamp.")
     entropy_coef: float = Field(0.0, description="Entropy bonus (entropy is always reported).")
     mismatch_kl_bound: float = Field(
         0.02, ge=0, description="Warn in the learner's log when the mismatch KL (the actors' "

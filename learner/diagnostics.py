@@ -7,7 +7,8 @@ say it, their short labels (the learner state hash for `swarl status`, the demo'
 - entropy: mean entropy of the policy on the sampled tokens; collapsing to 0 ends exploration.
 - grad_norm: before clipping, mean over the step's updates (grad_norm_max the largest).
 - clip_frac: share of loss tokens whose ratio the clip held, mean over updates; 0 with one
-  update per batch by construction.
+  update per batch by construction. dual_clip_frac: share whose negative-advantage loss the dual
+  clip bounded (learner.clip_ratio_c): their ratio passed it after earlier updates of the step.
 - mismatch_kl: k3 estimate of KL(actors' policy || learner's) before the step's first update,
   on the tokens the learner's current policy made (fresh: their version is the learner's, so
   the two policies are the same weights; fresh_frac is their share of the loss; absent when a

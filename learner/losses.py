@@ -9,6 +9,7 @@ Objectives (`LearnerConfig.objective`):
 - tis: ratio = pi_theta / pi_old, clipped; weight
   clamp(pi_old / pi_behaviour, tis_clip_low, tis_clip).
 - ppo: ratio = pi_theta / pi_behaviour, clipped; no weight (the naive off-policy baseline).
+With a negative advantage each is also bounded by clip_ratio_c (dual clip).
 pi_prox (= pi_old) is the learner's policy before this optimizer step, recomputed by the learner.
 """
 
@@ -46,12 +47,22 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
     pg_clipped = -x.adv * clipped
     pg = torch.maximum(pg_unclipped, pg_clipped)
     clip_active = (pg_clipped > pg_unclipped).float()
+    dual_active = torch.zeros_like(pg)
+    if cfg.clip_ratio_c is not None:
+        # dual clip (Ye et al. 2020; verl's clip_ratio_c): with a negative advantage the clipped
+        # objective above is unbounded in the ratio, and after earlier minibatches' updates a token
+        # the proximal policy found unlikely can have a ratio of 100s: its gradient grows with it
+        bound = -x.adv * cfg.clip_ratio_c
+        dual_active = ((x.adv < 0) & (pg > bound)).float()
+        pg = torch.where(x.adv < 0, torch.minimum(pg, bound), pg)
 
     weight = importance_weight(x.prox_logp, x.behav_logp, cfg)
     per_token = pg * weight
     kl = None
     if x.ref_logp is not None and cfg.kl_coef:
-        kl = kl_k3(x.logp, x.ref_logp)
+        # clamped as verl's low_var_kl: k3's gradient is exp(ref - logp), unbounded where the
+        # policy has pushed a sampled token far below the reference (grad norms of 1e3-1e4 seen)
+        kl = kl_k3(x.logp, x.ref_logp).clamp(max=cfg.kl_clamp) if cfg.kl_clamp else kl_k3(x.logp, x.ref_logp)
         per_token = per_token + cfg.kl_coef * kl
     if x.entropy is not None and cfg.entropy_coef:
         per_token = per_token - cfg.entropy_coef * x.entropy
@@ -63,6 +74,7 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
         stats = {
             "pg_loss": float((pg * weight * w).sum()),
             "clip_frac": float((clip_active * w).sum()),
+            "dual_clip_frac": float((dual_active * w).sum()),
             "ratio_mean": float((ratio * w).sum()),
             "imp_weight_mean": float((weight * w).sum()),
             "imp_weight_max": float(weight[m].max()) if m.any() else 0.0,
@@ -79,7 +91,7 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
             stats["mismatch_k1_sum"] = float(((x.behav_logp - x.prox_logp) * wf).sum())
             stats["mismatch_weight"] = float(wf.sum())
         if kl is not None:
-            stats["kl_ref"] = float((kl * w).sum())
+            stats["kl_ref"] = float((kl_k3(x.logp, x.ref_logp) * w).sum())  # unclamped: how far it is
         if x.entropy is not None:
             stats["entropy"] = float((x.entropy * w).sum())
     return loss, stats

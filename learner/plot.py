@@ -19,7 +19,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("signal", ["zero_spread_groups_frac", "adv_abs_mean"]),
     ("entropy", ["entropy"]),
     ("grad_norm", ["grad_norm", "grad_norm_max"]),
-    ("clip", ["clip_frac", "imp_weight_zeroed_frac"]),
+    ("clip", ["clip_frac", "dual_clip_frac", "imp_weight_zeroed_frac"]),
     ("kl", ["mismatch_kl", "behav_kl", "update_kl"]),
 ]
 

@@ -26,7 +26,7 @@ from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_posit
 
 # statistics of a step that are means over its optimizer updates: each update's per-token
 # statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
-PER_UPDATE = ("loss", "pg_loss", "clip_frac", "ratio_mean", "imp_weight_mean", "imp_weight_zeroed_frac",
+PER_UPDATE = ("loss", "pg_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "imp_weight_mean", "imp_weight_zeroed_frac",
               "kl_ref", "entropy", "behav_kl")
 
 

@@ -30,6 +30,8 @@ def reference(cfg: LearnerConfig) -> tuple[float, list[float]]:
         unclipped, clipped = -a * r, -a * min(max(r, 1 - lo), 1 + hi)
         pg = max(unclipped, clipped)
         dpg = -a * r if unclipped >= clipped else 0.0  # the clipped branch has no gradient
+        if cfg.clip_ratio_c is not None and a < 0 and pg > -a * cfg.clip_ratio_c:
+            pg, dpg = -a * cfg.clip_ratio_c, 0.0  # dual clip: bounded, no gradient
         if cfg.objective == "ppo":
             w = 1.0
         elif cfg.objective == "tis":
@@ -95,3 +97,46 @@ def test_kl_and_entropy_terms() -> None:
     assert float(loss) == pytest.approx(want, abs=1e-6)
     assert st["kl_ref"] == pytest.approx(sum(kl) / 2, abs=1e-6)
     assert st["entropy"] == pytest.approx(2.5)
+
+
+def test_dual_clip_bounds_a_negative_advantage_token_whose_ratio_ran_away() -> None:
+    """After earlier minibatches' updates a token the proximal policy found unlikely (p 1e-3)
+    can be likely (p 0.5): with a negative advantage the PPO clip leaves its loss and gradient
+    growing with the ratio (~500); the dual clip bounds the loss at c|A| with no gradient, and
+    leaves positive advantages and ratios below c as they were."""
+    logp = torch.tensor([math.log(0.5), math.log(0.5), math.log(0.5)], requires_grad=True)
+    prox = torch.tensor([math.log(1e-3), math.log(1e-3), math.log(0.4)])
+    adv = torch.tensor([-1.0, 1.0, -1.0])
+
+    def run(c: float | None) -> tuple[torch.Tensor, list[float], dict[str, float]]:
+        lp = logp.detach().clone().requires_grad_(True)
+        x = LossInputs(logp=lp, prox_logp=prox, behav_logp=prox, adv=adv, mask=torch.ones(3),
+                       tok_w=torch.ones(3))
+        loss, st = policy_loss(x, LearnerConfig(objective="decoupled", clip_ratio_c=c))
+        loss.backward()
+        return loss, lp.grad.tolist(), st
+
+    _, g_off, _ = run(None)
+    assert g_off[0] == pytest.approx(500.0, rel=1e-4)  # -A * ratio: the runaway gradient
+    loss, g_on, st = run(3.0)
+    assert g_on[0] == 0.0 and st["dual_clip_frac"] == 1.0
+    assert g_on[1:] == pytest.approx(g_off[1:])  # A > 0 (clipped by PPO) and ratio 1.25 < c: unchanged
+    assert float(loss) == pytest.approx(3.0 + (-1.0 * 1.2) + 0.5 / 0.4)
+
+
+def test_kl_clamp_bounds_k3_where_the_policy_left_the_reference() -> None:
+    """k3's gradient is 1 - exp(ref - logp): a sampled token the policy pushed to p 1e-6 where the
+    reference had 0.9 gives ~1e6; clamped at kl_clamp (verl's low_var_kl) there is no gradient,
+    and kl_ref still reports the unclamped value."""
+    ref = torch.tensor([math.log(0.9), math.log(0.5)])
+    for clamp, want0 in ((None, 1 - 0.9 / 1e-6), (10.0, 0.0)):
+        lp = torch.tensor([math.log(1e-6), math.log(0.4)], requires_grad=True)
+        x = LossInputs(logp=lp, prox_logp=lp.detach(), behav_logp=lp.detach(), adv=torch.zeros(2),
+                       mask=torch.ones(2), tok_w=torch.ones(2), ref_logp=ref)
+        loss, st = policy_loss(x, LearnerConfig(kl_coef=1.0, kl_clamp=clamp))
+        loss.backward()
+        assert lp.grad is not None
+        assert float(lp.grad[0]) == pytest.approx(want0, rel=1e-3, abs=1e-6)
+        assert float(lp.grad[1]) == pytest.approx(1 - 0.5 / 0.4, rel=1e-4)
+        k3 = 0.9 / 1e-6 - math.log(0.9 / 1e-6) - 1 + 0.5 / 0.4 - math.log(0.5 / 0.4) - 1
+        assert st["kl_ref"] == pytest.approx(k3, rel=1e-4)
