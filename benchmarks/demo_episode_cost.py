@@ -230,7 +230,7 @@ def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--label", required=True, help="column name (before, after-reuse, ...)")
+    ap.add_argument("--label", default="latest", help="column name (before, after-reuse, ...)")
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value")
     ap.add_argument("--run-dir", type=Path, default=None)
