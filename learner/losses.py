@@ -90,7 +90,7 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
             stats["mismatch_kl_sum"] = float((kl_k3(x.behav_logp, x.prox_logp) * wf).sum())
             stats["mismatch_k1_sum"] = float(((x.behav_logp - x.prox_logp) * wf).sum())
             stats["mismatch_weight"] = float(wf.sum())
-        if kl is not None:
+        if kl is not None and x.ref_logp is not None:
             stats["kl_ref"] = float((kl_k3(x.logp, x.ref_logp) * w).sum())  # unclamped: how far it is
         if x.entropy is not None:
             stats["entropy"] = float((x.entropy * w).sum())
