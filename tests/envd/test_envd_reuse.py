@@ -7,6 +7,7 @@ destroyed; a grading container is never a reused one."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import docker
 import docker.errors
@@ -83,6 +84,17 @@ def _run(api: httpx.Client, cid: str, command: str) -> str:
     return str(out["output"])
 
 
+def _settled(read: Callable[[], str], want: str, timeout: float = 10.0) -> bool:
+    """Whether `read()` equals `want` within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (got := read()) != want:
+        if time.monotonic() > deadline:
+            print(f"last read:\n{got}\nwanted:\n{want}")
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def _resets_done(api: httpx.Client, before: float, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while _metric(api, "envd_reuse_resets_total", "ok") + _metric(api, "envd_reuse_resets_total", "failed") <= before:
@@ -111,7 +123,9 @@ def test_a_reset_container_holds_nothing_of_its_episode(api, test_image):
     assert again == cid and _metric(api, "envd_reuse_takes_total", "hit") == 1
     time.sleep(0.5)  # the writer, had it survived, would have written /testbed/late by now
     assert _run(api, again, REPO_STATE) == clean  # the base commit, .git included: no commit, config or hook
-    assert _run(api, again, PROCS) == procs       # docker-init, sleep infinity and this exec's own
+    # docker-init, sleep infinity and this exec's own: an earlier exec's shells can still be exiting
+    # for a moment on a loaded machine (seen once in CI), an episode's survivor stays for good
+    assert _settled(lambda: _run(api, again, PROCS), procs), "a process of the episode survived the reset"
     _run(api, again, "git status --porcelain && test -z \"$(git status --porcelain)\"")
     # git ran in the repository above: had the reset (or this) run the episode's config or hook
     assert _run(api, again, "ls -A /tmp").split() == []
