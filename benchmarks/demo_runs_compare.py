@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from learner.metrics_log import EVAL_VERSION, read_metrics
+from swarl.demo.report import running_mean
 
 
 def load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if EVAL_VERSION not in r and "step" in r]
     res = run_dir / "result.json"
     return sorted(rows, key=lambda r: r["step"]), (json.loads(res.read_text()) if res.exists() else {})
-
-
-def running(ys: list[float], k: int = 5) -> list[float]:
-    return [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
 
 
 def main() -> None:
@@ -46,7 +43,7 @@ def main() -> None:
         label, _, d = spec.partition("=")
         rows, res = load(Path(d))
         xs = [r["step"] for r in rows]
-        for ax, key, fn in ((axes[0], "resolve_rate", running), (axes[1], "entropy", None),
+        for ax, key, fn in ((axes[0], "resolve_rate", running_mean), (axes[1], "entropy", None),
                             (axes[2], "update_kl", None), (axes[3], "grad_norm_max", None)):
             ys = [float(r.get(key, float("nan"))) for r in rows]
             ax.plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)

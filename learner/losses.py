@@ -58,12 +58,12 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
 
     weight = importance_weight(x.prox_logp, x.behav_logp, cfg)
     per_token = pg * weight
-    kl = None
+    kl = None  # unclamped, for kl_ref
     if x.ref_logp is not None and cfg.kl_coef:
+        kl = kl_k3(x.logp, x.ref_logp)
         # clamped as verl's low_var_kl: k3's gradient is exp(ref - logp), unbounded where the
         # policy has pushed a sampled token far below the reference (grad norms of 1e3-1e4 seen)
-        kl = kl_k3(x.logp, x.ref_logp).clamp(max=cfg.kl_clamp) if cfg.kl_clamp else kl_k3(x.logp, x.ref_logp)
-        per_token = per_token + cfg.kl_coef * kl
+        per_token = per_token + cfg.kl_coef * (kl.clamp(max=cfg.kl_clamp) if cfg.kl_clamp else kl)
     if x.entropy is not None and cfg.entropy_coef:
         per_token = per_token - cfg.entropy_coef * x.entropy
 
@@ -90,8 +90,8 @@ def policy_loss(x: LossInputs, cfg: LearnerConfig) -> tuple[torch.Tensor, dict[s
             stats["mismatch_kl_sum"] = float((kl_k3(x.behav_logp, x.prox_logp) * wf).sum())
             stats["mismatch_k1_sum"] = float(((x.behav_logp - x.prox_logp) * wf).sum())
             stats["mismatch_weight"] = float(wf.sum())
-        if kl is not None and x.ref_logp is not None:
-            stats["kl_ref"] = float((kl_k3(x.logp, x.ref_logp) * w).sum())  # unclamped: how far it is
+        if kl is not None:
+            stats["kl_ref"] = float((kl * w).sum())  # unclamped: how far it is
         if x.entropy is not None:
             stats["entropy"] = float((x.entropy * w).sum())
     return loss, stats

@@ -209,6 +209,11 @@ def write_doc(doc: Path, table: str) -> None:
 CHANCE = 0.5  # each task has two edits that look alike; a policy that ignores the code resolves half
 
 
+def running_mean(ys: list[float] | tuple[float, ...], k: int = 5) -> list[float]:
+    """Each value's mean with the k - 1 before it (fewer at the start)."""
+    return [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
+
+
 def plot_run_learning(learning: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Path:
     """One demo run, for a newcomer: left, the train resolve rate per learner step (and its
     running mean over 5 steps) with the chance line; right, per evaluated split the resolve rate
@@ -224,8 +229,7 @@ def plot_run_learning(learning: dict[str, Any], rows: list[dict[str, Any]], path
         xs, ys = zip(*pts, strict=True)
         left.plot(xs, ys, ".", color="#9aa5b1", label="per step (train episodes)")
         k = min(5, len(ys))
-        run = [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
-        left.plot(xs, run, color="#2a7ab9", label=f"running mean of {k}")
+        left.plot(xs, running_mean(ys, k), color="#2a7ab9", label=f"running mean of {k}")
     else:
         left.text(0.5, 0.5, "the learner took no step", ha="center", transform=left.transAxes)
     left.axhline(CHANCE, color="#d1495b", ls="--", lw=1, label="chance (0.5)")
