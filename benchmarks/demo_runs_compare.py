@@ -1,7 +1,10 @@
 """Per-step curves of several `swarl demo` runs side by side: the train resolve rate (running
 mean of 5 steps, chance 0.5), the policy's entropy, the KL each step's updates moved the policy
-and the gradient norm (the largest of the step's updates), from each run's metrics.jsonl; and
-each run's before/after held-out rate from its result.json.
+and the gradient norm (the largest of the step's updates), from each run's metrics.jsonl; the
+share of train episodes whose edit searched for what their inspection showed (the choice that
+decides the generated suite's outcome: swe.tasks.generated.edit_reads_line), per 10 policy
+versions with its 95% interval, from the run's trajectories; and each run's before/after
+held-out rate from its result.json.
 
     .venv/bin/python benchmarks/demo_runs_compare.py --out benchmarks/demo_runs.png \\
         "default, 5 min=runs/demo-A" "lr 3e-4, no KL, 12 min=runs/demo-B" ...
@@ -18,12 +21,37 @@ from typing import Any
 
 from learner.metrics_log import EVAL_VERSION, read_metrics
 from swarl.demo.report import running_mean
+from swe.tasks.generated import edit_reads_line
+
+BIN = 10  # policy versions per point of the choice panel
 
 
 def load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if EVAL_VERSION not in r and "step" in r]
     res = run_dir / "result.json"
     return sorted(rows, key=lambda r: r["step"]), (json.loads(res.read_text()) if res.exists() else {})
+
+
+def choices(run_dir: Path) -> dict[int, list[bool]]:
+    """Per bin of BIN policy versions: whether each train episode's edit read the line (episodes
+    without an inspection and a sed edit left out)."""
+    by: dict[int, list[bool]] = {}
+    for d in sorted((run_dir / "trajectories").glob("*/")):
+        try:
+            traj = json.loads((d / "traj.json").read_text())
+            version = int(json.loads((d / "meta.json").read_text())["policy_version"])
+        except (OSError, ValueError, KeyError):
+            continue  # an episode still being written, or one without a version
+        reads = edit_reads_line(traj.get("messages", []))
+        if reads is not None:
+            by.setdefault(version // BIN * BIN, []).append(reads)
+    return dict(sorted(by.items()))
+
+
+def share(xs: list[bool]) -> tuple[float, float]:
+    """The share and its 95% normal-approximation half-width."""
+    p = sum(xs) / len(xs)
+    return p, 1.96 * (p * (1 - p) / len(xs)) ** 0.5
 
 
 def main() -> None:
@@ -36,9 +64,10 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
-    print("| run | learner steps | held-out before → after (change, 95% interval) | largest update KL | largest grad norm |")
-    print("|---|---|---|---|---|")
+    fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
+    print("| run | learner steps | held-out before → after (change, 95% interval) | edit reads the line: "
+          f"first {BIN} versions → last {BIN} | largest update KL | largest grad norm |")
+    print("|---|---|---|---|---|---|")
     for spec in a.runs:
         label, _, d = spec.partition("=")
         rows, res = load(Path(d))
@@ -47,18 +76,27 @@ def main() -> None:
                             (axes[2], "update_kl", None), (axes[3], "grad_norm_max", None)):
             ys = [float(r.get(key, float("nan"))) for r in rows]
             ax.plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
+        ch = choices(Path(d))
+        if ch:
+            pts = [(v + BIN / 2, *share(xs)) for v, xs in ch.items()]
+            axes[4].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                             label=label, lw=1.2, capsize=2)
+        first, last = (share(ch[min(ch)]), share(ch[max(ch)])) if ch else ((float("nan"),) * 2,) * 2
         ci = res.get("heldout_change_ci", [float("nan")] * 2)
         print(f"| {label} | {len(rows)} | {res.get('heldout_before', float('nan')):.3f} → "
               f"{res.get('heldout_after', float('nan')):.3f} ({res.get('heldout_change', float('nan')):+.3f}, "
-              f"[{ci[0]:+.3f}, {ci[1]:+.3f}]) | {max((r.get('update_kl', 0.0) for r in rows), default=0):.3g} | "
+              f"[{ci[0]:+.3f}, {ci[1]:+.3f}]) | {first[0]:.2f} ± {first[1]:.2f} → {last[0]:.2f} ± {last[1]:.2f} | {max((r.get('update_kl', 0.0) for r in rows), default=0):.3g} | "
               f"{max((r.get('grad_norm_max', 0.0) for r in rows), default=0):.3g} |")
     axes[0].axhline(0.5, color="#d1495b", ls="--", lw=1, label="chance")
     axes[0].set(title="train resolve rate (running mean of 5)", ylim=(-0.02, 1.02))
     axes[1].set(title="entropy (per loss token)")
     axes[2].set(title="update KL (log)", yscale="log")
     axes[3].set(title="grad norm, largest update (log)", yscale="log")
-    for ax in axes:
+    axes[4].axhline(0.5, color="#d1495b", ls="--", lw=1)
+    axes[4].set(title=f"edit reads the line (train episodes, per {BIN} versions)", ylim=(-0.02, 1.02))
+    for ax in axes[:4]:
         ax.set_xlabel("learner step")
+    axes[4].set_xlabel("policy version")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)

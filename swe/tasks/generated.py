@@ -427,6 +427,28 @@ def inspect_output(inst: Instance) -> str:
     return "\n".join(out) + "\n"
 
 
+_SHOWN_LINE = re.compile(r"^\S+-\d+-(.*)$", re.M)  # grep -A's context lines: ./path-N-text
+_SED_PATTERN = re.compile(r"sed -i '(?:\d+)?s/((?:[^/\\]|\\.)*)/")
+
+
+def edit_reads_line(messages: list[dict[str, Any]]) -> bool | None:
+    """Whether an episode's first `sed` edit searches for text that its first inspection showed
+    in the function's body: the one choice that decides this suite's outcome (each family's
+    primitives are inverses, and only the one whose pattern is on the buggy line changes it).
+    None when the episode inspected nothing or never edited with `sed -i '[N]s/OLD/NEW/'`."""
+    body: list[str] | None = None
+    for m in messages:
+        text = str(m.get("content", ""))
+        if m.get("role") == "user" and body is None and "<output>" in text:
+            body = _SHOWN_LINE.findall(text.split("<output>", 1)[1])
+        elif m.get("role") == "assistant" and (s := _SED_PATTERN.search(text)):
+            if not body:
+                return None
+            pattern = re.sub(r"\\(.)", r"\1", s.group(1))
+            return bool(pattern) and any(pattern in line for line in body)
+    return None
+
+
 def _sed(inst: Instance, prim: Primitive) -> str:
     where = f"$(grep -rl 'def {inst.fn}(' .)"
     return sed_command("FILE", inst.lineno, prim.old, prim.new).removesuffix(" FILE") + " " + where

@@ -33,7 +33,10 @@ from swe.tasks.generated import (
     TRAIN_FAMILIES,
     apply_edits,
     best_fixed_policy,
+    edit_reads_line,
+    fix_commands,
     get_instance,
+    inspect_command,
     inspect_output,
     instances,
     main,
@@ -183,3 +186,20 @@ def test_one_instance_per_family_and_split_graded_in_its_image(docker_client: An
 @pytest.mark.timeout(1800)
 def test_every_generated_instance_graded_in_its_image(docker_client: Any) -> None:
     _grade(docker_client, ROWS)
+
+
+def test_edit_reads_line_tells_the_deciding_choice() -> None:
+    """On every train-family instance the gold edit searches for text the inspection showed and
+    every wrong edit does not; an episode that inspected or edited nothing has no such choice."""
+    for inst in instances():
+        if inst.family.name not in TRAIN_FAMILIES:
+            continue
+        gold, wrong = fix_commands(inst)
+        for command, reads in [(gold, True), *((w, False) for w in wrong)]:
+            messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "issue"},
+                        {"role": "assistant", "content": f"```bash\n{inspect_command(inst)}\n```"},
+                        {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{inspect_output(inst)}</output>"},
+                        {"role": "assistant", "content": f"THOUGHT: fix\n```bash\n{command}\n```"}]
+            assert edit_reads_line(messages) is reads, (inst.name, command)
+            assert edit_reads_line(messages[:4]) is None  # inspected, never edited
+            assert edit_reads_line(messages[:2] + messages[4:]) is None  # edited blind
