@@ -46,7 +46,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from", dest="dirs", nargs="+", default=[], metavar="RUN_DIR",
                    help="report from these finished async_vs_sync run directories instead")
     p.add_argument("--out", default=None, help="parent of the run directories (default runs/)")
-    p.add_argument("--png", default=str(REPO / "benchmarks" / "async_vs_sync_repeats.png"))
+    p.add_argument("--png", default=None, help="default: benchmarks/async_vs_sync_repeats.png "
+                   "(pinned) or benchmarks/async_vs_sync_repeats_in_flight.png")
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
     p.add_argument("--mode", default="pinned", choices=["pinned", "in-flight"],
                    help="weight_sync.rollout_mode of every run")
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
              f"lowest {across['min']:.3f}; the goal is {GOAL}.")
     if not o.no_record:
         record("async_vs_sync_repeats" + ("" if o.mode == "pinned" else "_in_flight"), table, summary, notes)
-    plot([n for n, _ in runs], ratios, across, Path(o.png))
+    png = o.png or REPO / "benchmarks" / ("async_vs_sync_repeats" + ("" if o.mode == "pinned" else "_in_flight") + ".png")
+    plot([n for n, _ in runs], ratios, across, Path(png))
     print(table)
     print(notes)
     print(json.dumps(summary, sort_keys=True))
