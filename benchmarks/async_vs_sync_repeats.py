@@ -9,8 +9,9 @@ own services, containers and draws: the latency profile's seed is moved per run)
 again from finished run directories (`--from`), and records per run: samples per minute at 0
 and 2, speedup_eta2, ideal_speedup, their ratio, the ratio against the episodes' wall-time
 ideal, the staleness seen and the episodes the bound cost; then the mean ratio with a bootstrap
-interval over runs. Writes benchmarks/async_vs_sync_repeats.png, a section of
-benchmarks/RESULTS.md, and as its last line one JSON object.
+interval over runs. Writes benchmarks/async_vs_sync_repeats.png (`--mode in-flight`:
+benchmarks/async_vs_sync_repeats_in_flight.png), a section of benchmarks/RESULTS.md, and as
+its last line one JSON object.
 
     .venv/bin/python benchmarks/async_vs_sync_repeats.py --runs 3          # ~15 min a run
     .venv/bin/python benchmarks/async_vs_sync_repeats.py --from runs/av-a1 runs/av-a2
