@@ -41,6 +41,10 @@ class LearnerConfig(Section):
     eps: float = Field(1e-8, description="AdamW epsilon.")
     warmup_steps: int = Field(0, description="Linear learning-rate warm-up from 0 over this many steps.")
     grad_clip: float = Field(1.0, description="Clip the global gradient norm to this (0 = off).")
+    spike_clip: float | None = Field(
+        None, gt=1.0, description="Also clip each update's gradient norm at this multiple of the "
+        "running mean of the earlier updates' norms (from the 6th update; learner/spike_clip.py): "
+        "one spike then cannot fill Adam's second moment and shrink every later update. Unset: off.")
     # -- batching -------------------------------------------------------------------------
     max_tokens_per_microbatch: int = Field(
         4096, description="Token budget of one packed micro-batch; gradients accumulate over "

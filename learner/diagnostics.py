@@ -5,7 +5,10 @@ say it, their short labels (the learner state hash for `swarl status`, the demo'
 - zero_spread_groups_frac: groups whose episodes all scored the same carry no advantage, so no
   signal; near 1, the task is too hard or too easy for the policy (DAPO drops such groups).
 - entropy: mean entropy of the policy on the sampled tokens; collapsing to 0 ends exploration.
-- grad_norm: before clipping, mean over the step's updates (grad_norm_max the largest).
+- grad_norm: before clipping, mean over the step's updates (grad_norm_max the largest). A
+  grad_norm_max far above the steps around it, then update_kl near 0 for many steps, is one
+  spike filling Adam's second moment: later updates shrink by the spike's size
+  (learner/spike_clip.py). spike_clipped: the step's updates learner.spike_clip cut.
 - clip_frac: share of loss tokens whose ratio the clip held, mean over updates; 0 with one
   update per batch by construction. dual_clip_frac: share whose negative-advantage loss the dual
   clip bounded (learner.clip_ratio_c): their ratio passed it after earlier updates of the step.
@@ -29,6 +32,7 @@ DIAGNOSTICS: tuple[tuple[str, str, str], ...] = (
     ("zero_spread_groups_frac", "zero-spread groups", "{:.0%}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad_norm", "grad norm", "{:.3g}"),
+    ("spike_clipped", "spike-clipped updates", "{:.0f}"),
     ("clip_frac", "clip frac", "{:.1%}"),
     ("mismatch_kl", "mismatch KL", "{:.2g}"),
     ("behav_kl", "behaviour KL", "{:.2g}"),

@@ -23,6 +23,7 @@ from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
 from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
 from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_positions
+from learner.spike_clip import SpikeClip
 
 # statistics of a step that are means over its optimizer updates: each update's per-token
 # statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
@@ -133,12 +134,14 @@ def update_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int) 
 
 
 def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig,
-               per_update: list[dict[str, float]] | None = None) -> dict[str, float]:
+               per_update: list[dict[str, float]] | None = None, spikes: SpikeClip | None = None
+               ) -> dict[str, float]:
     """This rank's share of one step: `epochs` x (its minibatches) optimizer updates. Under
     several data-parallel ranks `items` is this rank's shard (the loss weights are the whole
     minibatch's) and the backend sums the gradients over ranks; the statistics are this rank's
     sums, merged over ranks by learner.trainer and averaged over updates by `finish_stats`.
-    `per_update`, when given, receives each update's statistics (tests)."""
+    `per_update`, when given, receives each update's statistics (tests). `spikes`: the rank's
+    learner.spike_clip state, carried from step to step."""
     t0 = time.perf_counter()
     parts = by_minibatch(items)
     updates = len(parts) * cfg.epochs
@@ -169,6 +172,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     sums: dict[str, float] = defaultdict(float)
     w_max = 0.0
     grad_norms: list[float] = []
+    spiked = 0
     lr = 0.0
     for _ in range(cfg.epochs):
         for mbs in mbs_of:
@@ -178,8 +182,9 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
                 st.pop("weight_sum", None)
                 for k, v in st.items():
                     upd[k] += v
-            out = backend.step()
+            out = backend.step(spikes.threshold() if spikes is not None else None)
             grad_norms.append(out["grad_norm"])
+            spiked += spikes is not None and spikes.observe(out["grad_norm"])
             lr = out["lr"]
             for k, v in upd.items():
                 sums[k] += v
@@ -193,6 +198,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         sums["loss_tokens"] += float((mb.loss_mask * (mb.tok_w > 0)).sum())  # not an idle rank's
     dt = time.perf_counter() - t0
     return {**sums, "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(max(grad_norms)),
+            "spike_clipped": float(spiked),
             "lr": lr, "imp_weight_max": w_max, "updates": float(updates),
             "microbatches": float(len(every_mb) * cfg.epochs), "step_time_s": dt,
             "tokens_per_s": sums["tokens"] / dt if dt > 0 else 0.0, "samples": float(len(items))}

@@ -27,6 +27,7 @@ from learner.backends.base import TrainBackend
 from learner.config import LearnerConfig
 from learner.packing import TrainItem
 from learner.ranks import LOAD, SAVE, STOP, TICK, TRAIN, WEIGHTS, Channel, Ranks
+from learner.spike_clip import SpikeClip
 from learner.train import by_minibatch, finish_stats, train_step
 
 log = get_logger("learner.trainer")
@@ -34,7 +35,7 @@ log = get_logger("learner.trainer")
 Weights = Iterator[tuple[str, torch.Tensor]]
 # statistics that are not sums over the step's samples
 _MAX = ("imp_weight_max", "step_time_s")
-_SAME = ("grad_norm", "grad_norm_max", "lr", "skipped", "updates")
+_SAME = ("grad_norm", "grad_norm_max", "spike_clipped", "lr", "skipped", "updates")
 
 
 class RankWorker:
@@ -42,10 +43,11 @@ class RankWorker:
 
     def __init__(self, backend: TrainBackend, cfg: LearnerConfig) -> None:
         self.backend, self.cfg = backend, cfg
+        self.spikes = SpikeClip(cfg.spike_clip)
 
     def handle(self, cmd: str, payload: Any) -> Any:
         if cmd == TRAIN:
-            return train_step(self.backend, payload, self.cfg)
+            return train_step(self.backend, payload, self.cfg, spikes=self.spikes)
         if cmd == SAVE:
             self.backend.save(Path(payload))
             return None

@@ -52,9 +52,10 @@ class TrainBackend(Protocol):
         """Per-slot logprobs of the frozen reference model (None when KL is off)."""
         ...
 
-    def step(self) -> dict[str, float]:
-        """COLLECTIVE. Clip gradients, optimizer + scheduler step, zero grads; returns
-        grad_norm and lr (the same on every rank)."""
+    def step(self, max_norm: float | None = None) -> dict[str, float]:
+        """COLLECTIVE. Clip gradients (at grad_clip, or at `max_norm` where lower), optimizer +
+        scheduler step, zero grads; returns grad_norm (before clipping) and lr (the same on
+        every rank)."""
         ...
 
     def publish_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -77,11 +78,17 @@ class NoSync(Protocol):
     def __call__(self) -> AbstractContextManager[None]: ...
 
 
+def clip_at(grad_clip: float, max_norm: float | None) -> float:
+    """The norm an update is clipped at: grad_clip (0: none), or `max_norm` where lower."""
+    at = grad_clip if grad_clip > 0 else float("inf")
+    return at if max_norm is None else min(at, max_norm)
+
+
 def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
-                  grad_clip: float) -> dict[str, float]:
+                  grad_clip: float, max_norm: float | None = None) -> dict[str, float]:
     """The plain-torch optimizer step: clip, step, schedule, zero grads."""
     params = [p for p in model.parameters() if p.grad is not None]
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    max_norm = clip_at(grad_clip, max_norm)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
     lr = sched.get_last_lr()[0]
     opt.step()

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from learner.backends.base import LossFn
+from learner.backends.base import LossFn, clip_at
 from learner.backends.hf_megatron_convert import Arch
 from learner.backends.megatron_cpu import maybe_cpu_standins
 from learner.backends.megatron_env import check_megatron_core, use_transformer_engine
@@ -298,7 +298,11 @@ class MegatronBackend:
                                    group=ps.get_pipeline_model_parallel_group())
         return box[0]
 
-    def step(self) -> dict[str, float]:
+    def step(self, max_norm: float | None = None) -> dict[str, float]:
+        # megatron's optimizers read config.clip_grad at each step (each of a chained one's)
+        at = clip_at(self.cfg.grad_clip, max_norm)
+        for opt in getattr(self.opt, "chained_optimizers", [self.opt]):
+            opt.config.clip_grad = at
         with maybe_cpu_standins():
             lr = float(self.opt.param_groups[0]["lr"])
             ok, grad_norm, _ = self.opt.step()

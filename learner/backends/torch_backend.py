@@ -121,8 +121,8 @@ class TorchBackend:
     def _no_sync(self) -> AbstractContextManager[None]:
         return self.ddp.no_sync() if self.ddp is not None else nullcontext()
 
-    def step(self) -> dict[str, float]:
-        return clip_and_step(self.model, self.opt, self.sched, self.cfg.grad_clip)
+    def step(self, max_norm: float | None = None) -> dict[str, float]:
+        return clip_and_step(self.model, self.opt, self.sched, self.cfg.grad_clip, max_norm)
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's replica in HF naming (a tied lm_head is listed once, as the embedding)."""
