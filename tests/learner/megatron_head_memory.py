@@ -116,7 +116,7 @@ def main() -> None:
             # at TP 8): the same in the first two runs, so their temporaries cancel there
             megatron_head.CHUNK_ELEMENTS = chunk_elements
             be = MegatronBackend(cfg, model, model if cfg.kl_coef else None)
-            be.step = lambda: {"grad_norm": 0.0, "lr": 0.0}  # type: ignore[method-assign]
+            be.step = lambda max_norm=None: {"grad_norm": 0.0, "lr": 0.0}  # type: ignore[method-assign]
             batch = items(args.tokens, be.arch.vocab)
 
             def one_step(be: MegatronBackend = be, batch: list[TrainItem] = batch) -> None:

@@ -129,7 +129,7 @@ def test_megatron_matches_torch_backend(megatron_cpu, small_model_dir, untied_mo
     for name, be in (("megatron", mg), ("torch", tb)):
         orig = be.step
 
-        def step(be=be, name=name, orig=orig):
+        def step(max_norm=None, *, be=be, name=name, orig=orig):
             if name == "megatron":
                 # after the schedule (and its finalize) the step's gradient is in Megatron's
                 # grad buffer, param.main_grad
@@ -137,7 +137,7 @@ def test_megatron_matches_torch_backend(megatron_cpu, small_model_dir, untied_mo
                 grads[name] = megatron_to_hf(g, be.arch)
             else:
                 grads[name] = {n: p.grad.clone() for n, p in be.model.named_parameters()}
-            return orig()
+            return orig(max_norm)
 
         be.step = step
     m_m = train_step(mg, batch(), cfg)
