@@ -6,8 +6,8 @@ most updates carry only the few tokens where the policy still chooses (norm ~0.0
 and an occasional batch with a garbled reply, whose every token is unlikely, is 100x that. One
 such spike fills the second moment, and every later update is divided by it: the demo's policy
 moved 10-100x less per unit of squared gradient after a spike than before it (update KL over
-grad norm squared, runs/…/metrics.jsonl; docs/demo.md), i.e. it froze between spikes and moved
-only on them, in the spike's direction. A fixed `learner.grad_clip` cannot tell a spike from a
+grad norm squared; docs/demo.md "Gradient spikes freeze the policy"), i.e. it froze between
+spikes and moved only on them, in the spike's direction. A fixed `learner.grad_clip` cannot tell a spike from a
 normal update without knowing the run's scale; this clips each update at `spike_clip` times the
 running mean (EMA) of the earlier updates' clipped norms, so a spike adds at most spike_clip^2
 times a normal update to the second moment. It is ZClip's idea (a gradient norm judged against
