@@ -7,9 +7,9 @@ and an occasional batch with a garbled reply, whose every token is unlikely, is 
 such spike fills the second moment, and every later update is divided by it: the demo's policy
 moved 10-100x less per unit of squared gradient after a spike than before it (update KL over
 grad norm squared; docs/demo.md "Gradient spikes freeze the policy"), i.e. it froze between
-spikes and moved only on them, in the spike's direction. A fixed `learner.grad_clip` cannot tell a spike from a
-normal update without knowing the run's scale; this clips each update at `spike_clip` times the
-running mean (EMA) of the earlier updates' clipped norms, so a spike adds at most spike_clip^2
+spikes and moved only on them, in the spike's direction. A fixed `learner.grad_clip` cannot tell
+a spike from a normal update without knowing the run's scale; this clips each update at
+`spike_clip` times the running mean (EMA) of the earlier updates' clipped norms, so a spike adds at most spike_clip^2
 times a normal update to the second moment. It is ZClip's idea (a gradient norm judged against
 its own running statistics) with a mean instead of a z-score: one knob.
 
@@ -19,6 +19,8 @@ every rank computes the same threshold.
 """
 
 from __future__ import annotations
+
+import math
 
 DECAY = 0.9  # the running mean's weight on the past: follows a real change of scale in ~10 updates
 WARMUP = 5  # updates before the first spike clip: the mean needs a few norms to stand on
@@ -41,7 +43,7 @@ class SpikeClip:
         at = self.threshold()
         clipped = at is not None and norm > at
         kept = min(norm, at) if at is not None else norm
-        if norm == norm and norm != float("inf"):  # a nan/inf norm (a skipped step) teaches nothing
+        if math.isfinite(norm):  # a nan/inf norm (a skipped step) teaches nothing
             self.mean = kept if self.seen == 0 else DECAY * self.mean + (1 - DECAY) * kept
             self.seen += 1
         return clipped
