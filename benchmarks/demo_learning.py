@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the packages before this folder (benchmarks/weight_sync.py), which Python put first
 
 from _record import markdown_table, record  # noqa: E402
+from swarl.demo.choice import summary as choice_summary  # noqa: E402
 from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
@@ -67,7 +68,10 @@ def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
         arms = [seed_dir / arm for arm in ARMS]
         if all((d / "learning.json").is_file() and (d / "result.json").is_file() for d in arms):
             for arm, d in zip(ARMS, arms, strict=True):
-                runs[arm].append({**json.loads((d / "learning.json").read_text()),
+                learning = json.loads((d / "learning.json").read_text())
+                if "choice" not in learning:  # a run from before swarl.demo.choice: read from its episodes
+                    learning["choice"] = choice_summary(d / "trajectories")
+                runs[arm].append({**learning,
                                   "result": json.loads((d / "result.json").read_text())})
     if not runs[ARMS[0]]:
         raise SystemExit(f"{run_dir}: no seed with every arm finished")

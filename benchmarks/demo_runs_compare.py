@@ -3,7 +3,7 @@ mean of 5 steps, chance 0.5), the policy's entropy, the KL each step's updates m
 and the gradient norm (the largest of the step's updates), from each run's metrics.jsonl; the
 share of train episodes whose edit searched for what their inspection showed (the choice that
 decides the generated suite's outcome: swe.tasks.generated.edit_reads_line), per 10 policy
-versions with its 95% interval, from the run's trajectories; and each run's before/after
+versions with its 95% interval, from the run's trajectories (swarl.demo.choice); and each run's before/after
 held-out rate from its result.json.
 
     .venv/bin/python benchmarks/demo_runs_compare.py --out benchmarks/demo_runs.png \\
@@ -20,38 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from learner.metrics_log import EVAL_VERSION, read_metrics
+from swarl.demo.choice import BIN, choices, share, summary
 from swarl.demo.report import running_mean
-from swe.tasks.generated import edit_reads_line
-
-BIN = 10  # policy versions per point of the choice panel
 
 
 def load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if EVAL_VERSION not in r and "step" in r]
     res = run_dir / "result.json"
     return sorted(rows, key=lambda r: r["step"]), (json.loads(res.read_text()) if res.exists() else {})
-
-
-def choices(run_dir: Path) -> dict[int, list[bool]]:
-    """Per bin of BIN policy versions: whether each train episode's edit read the line (episodes
-    without an inspection and a sed edit left out)."""
-    by: dict[int, list[bool]] = {}
-    for d in sorted((run_dir / "trajectories").glob("*/")):
-        try:
-            traj = json.loads((d / "traj.json").read_text())
-            version = int(json.loads((d / "meta.json").read_text())["policy_version"])
-        except (OSError, ValueError, KeyError):
-            continue  # an episode still being written, or one without a version
-        reads = edit_reads_line(traj.get("messages", []))
-        if reads is not None:
-            by.setdefault(version // BIN * BIN, []).append(reads)
-    return dict(sorted(by.items()))
-
-
-def share(xs: list[bool]) -> tuple[float, float]:
-    """The share and its 95% normal-approximation half-width."""
-    p = sum(xs) / len(xs)
-    return p, 1.96 * (p * (1 - p) / len(xs)) ** 0.5
 
 
 def main() -> None:
@@ -66,7 +42,7 @@ def main() -> None:
 
     fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
     print("| run | learner steps | held-out before → after (change, 95% interval) | edit reads the line: "
-          f"first {BIN} versions → last {BIN} | largest update KL | largest grad norm |")
+          f"first {BIN} versions → last full {BIN} | largest update KL | largest grad norm |")
     print("|---|---|---|---|---|---|")
     for spec in a.runs:
         label, _, d = spec.partition("=")
@@ -76,12 +52,14 @@ def main() -> None:
                             (axes[2], "update_kl", None), (axes[3], "grad_norm_max", None)):
             ys = [float(r.get(key, float("nan"))) for r in rows]
             ax.plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
-        ch = choices(Path(d))
+        ch = choices(Path(d) / "trajectories")
         if ch:
             pts = [(v + BIN / 2, *share(xs)) for v, xs in ch.items()]
             axes[4].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
                              label=label, lw=1.2, capsize=2)
-        first, last = (share(ch[min(ch)]), share(ch[max(ch)])) if ch else ((float("nan"),) * 2,) * 2
+        sm = summary(Path(d) / "trajectories")  # its last bin: the last full one
+        first, last = (((sm["first"]["share"], sm["first"]["half_width"]), (sm["last"]["share"], sm["last"]["half_width"]))
+                       if sm else ((float("nan"),) * 2,) * 2)
         ci = res.get("heldout_change_ci", [float("nan")] * 2)
         print(f"| {label} | {len(rows)} | {res.get('heldout_before', float('nan')):.3f} → "
               f"{res.get('heldout_after', float('nan')):.3f} ({res.get('heldout_change', float('nan')):+.3f}, "

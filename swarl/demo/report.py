@@ -60,6 +60,7 @@ def aggregate(runs: list[dict[str, Any]], shuffled: list[dict[str, Any]] | None 
                           "outcomes": d["outcomes"]} for seed, d in per],
         }
         out["splits"][split] = s
+    out["choice"] = _choice_across({"rl": runs, "shuffled": shuffled})
     for split, goal in GOALS.items():
         s = out["splits"].get(split)
         if s is None:
@@ -70,6 +71,20 @@ def aggregate(runs: list[dict[str, Any]], shuffled: list[dict[str, Any]] | None 
             "goal_change": goal, "mean_change": s["change"]["mean"], "lower": lo, "controls_upper": ctrl_hi,
             "met": bool(s["change"]["mean"] >= goal and len(ctrl_hi) == len(CONTROLS)
                         and all(lo > hi for hi in ctrl_hi.values()) and len(runs) >= 2)}
+    return out
+
+
+def _choice_across(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per arm, over the seeds whose learning.json has it (swarl.demo.choice): the share of train
+    episodes whose edit read the line in the first and the last bin of policy versions, and the
+    rise between them (mean, 95% t interval over seeds). Reported beside the goals, not one."""
+    out: dict[str, Any] = {}
+    for arm, runs in arms.items():
+        ch = [r["choice"] for r in runs if r.get("choice")]
+        if ch:
+            out[arm] = {k: summary_across([c[k] if k == "rise" else c[k]["share"] for c in ch])
+                        for k in ("first", "last", "rise")}
+            out[arm]["last_versions"] = [c["last"]["versions"] for c in ch]
     return out
 
 
@@ -148,6 +163,10 @@ def _v(d: dict[str, Any] | None) -> str:
     return f"{d['mean']:+.3f} {_ci(d['ci'])}" if d else "-"
 
 
+def _share(d: dict[str, Any]) -> str:
+    return f"{d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]"
+
+
 def markdown(agg: dict[str, Any], meta: dict[str, Any]) -> str:
     """The tables docs/demo.md shows (between DOC_BEGIN and DOC_END)."""
     n = len(agg["seeds"])
@@ -187,6 +206,13 @@ def markdown(agg: dict[str, Any], meta: dict[str, Any]) -> str:
             a = sum(d["outcomes"]["after"][k] for d in s["per_seed"]) / len(s["per_seed"])
             cells.append(f"{b:.2f} → {a:.2f}")
         lines.append(f"| {SPLIT_NAMES[split]} | " + " | ".join(cells) + " |")
+    if agg.get("choice"):
+        lines += ["", "The choice on the runs' own train episodes (swarl/demo/choice.py: the share whose `sed` "
+                  "searched for what the inspection printed; first and last bin of 10 policy versions), mean "
+                  "over seeds [95% t interval over seeds] — beside the goals, not one:", "",
+                  "| arm | first 10 versions | last 10 versions | rise |", "|---|---|---|---|"]
+        for arm, c in agg["choice"].items():
+            lines.append(f"| {'RL' if arm == 'rl' else CONTROLS.get(arm, arm)} | {_share(c['first'])} | {_share(c['last'])} | **{_v(c['rise'])}** |")
     goals = [f"{SPLIT_NAMES[k]}: goal +{g['goal_change']:.2f} with the interval over seeds above both controls'; "
              f"reached {g['mean_change']:+.3f} (lower bound {g['lower']:+.3f}; controls' upper bounds "
              + ", ".join(f"{CONTROLS[c]} {v:+.3f}" for c, v in g["controls_upper"].items())

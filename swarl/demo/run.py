@@ -53,6 +53,8 @@ from swarl.config import (
     load_config,
     rollout_temperature_error,
 )
+from swarl.demo.choice import line as choice_line
+from swarl.demo.choice import summary as choice_summary
 from swarl.demo.report import ARMS
 
 log = get_logger("demo")
@@ -651,6 +653,7 @@ class Demo:
             log.warning("plot_failed", error=str(e))
         learning["arm"] = self.o.arm
         learning["before_from"] = self.o.before_from
+        learning["choice"] = choice_summary(self.run_dir / "trajectories")
         if recheck is not None:
             learning["recheck_identical"] = {sp: _outcomes(before[sp]) == _outcomes(recheck[sp]) for sp in before}
         (self.run_dir / "learning.json").write_text(json.dumps(learning, indent=1) + "\n")
@@ -773,6 +776,8 @@ def flat_result(learning: dict[str, Any]) -> dict[str, Any]:
         for name, c in d.get("controls", {}).items():
             out[f"{split}_{name}_change"] = c["change"]["change"]
             out[f"{split}_{name}_change_ci"] = c["change"]["ci"]
+    if ch := learning.get("choice"):  # the train episodes' choice, first and last bin of versions
+        out["choice_first"], out["choice_last"] = ch["first"]["share"], ch["last"]["share"]
     return out
 
 
@@ -785,6 +790,8 @@ def learning_lines(learning: dict[str, Any]) -> str:
         for name, c in d.get("controls", {}).items():
             line += f"  {name} control {c['change']['change']:+.3f} [{c['change']['ci'][0]:+.3f}, {c['change']['ci'][1]:+.3f}]"
         lines.append(line)
+    if "choice" in learning:
+        lines.append("  " + choice_line(learning["choice"]))
     return "\n".join(lines)
 
 
@@ -827,5 +834,7 @@ def run_seeds(opts: DemoOptions, seeds: list[int], arms: tuple[str, ...] = ARMS)
                 out[f"{split}_{name}_ci"] = s[name]["ci"]
         out[f"{split}_change_ci_families"] = s["change_families"]["ci"]
     out["samples_trained"] = sum(r["result"]["samples_trained"] for r in runs["rl"]) // max(1, len(runs["rl"]))
+    for arm, c in agg["choice"].items():  # the choice on the train episodes: rise, first bin to last
+        out[f"choice_rise_{arm}"], out[f"choice_rise_{arm}_ci"] = c["rise"]["mean"], c["rise"]["ci"]
     out["goals"] = agg["goals"]
     return out

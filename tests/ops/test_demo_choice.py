@@ -1,0 +1,86 @@
+"""The choice measured on a run's own train episodes (swarl.demo.choice): the share of episodes
+whose edit read the line, per bin of policy versions, from trajectories laid out as the actors
+write them; and its summary across seeds beside the goals (swarl.demo.report)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from swarl.demo.choice import line, summary
+from swarl.demo.report import aggregate, markdown
+from swe.tasks.generated import TRAIN_FAMILIES, fix_commands, inspect_command, inspect_output, instances
+
+INSTS = [i for i in instances() if i.family.name in TRAIN_FAMILIES][:20]
+
+
+def _episode(d: Path, name: str, version: int, reads: bool | None, k: int) -> None:
+    inst = INSTS[k % len(INSTS)]
+    gold, wrong = fix_commands(inst)
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "issue"},
+                {"role": "assistant", "content": f"```bash\n{inspect_command(inst)}\n```"},
+                {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{inspect_output(inst)}</output>"}]
+    if reads is not None:
+        messages.append({"role": "assistant", "content": f"```bash\n{gold if reads else wrong[0]}\n```"})
+    (d / name).mkdir(parents=True)
+    (d / name / "traj.json").write_text(json.dumps({"messages": messages}))
+    (d / name / "meta.json").write_text(json.dumps({"policy_version": version}))
+
+
+def _run_dir(tmp: Path, shares: dict[int, float], per_bin: int = 20, last_thin: int = 0) -> Path:
+    """Episodes at versions 0.. (bins of 10) whose share reading the line is `shares[bin]`."""
+    d = tmp / "trajectories"
+    k = 0
+    for b, p in shares.items():
+        for j in range(per_bin):
+            _episode(d, f"ep{k:05d}", b + j % 10, j < round(p * per_bin), k)
+            k += 1
+    last = max(shares) + 10
+    for j in range(last_thin):  # a final bin with few episodes (training stopped in it)
+        _episode(d, f"ep{k:05d}", last, True, k)
+        k += 1
+    _episode(d, f"ep{k:05d}", 3, None, k)  # inspected, never edited: no choice, left out
+    (d / "being-written").mkdir()  # an episode without its files yet: skipped
+    return tmp
+
+
+def test_the_share_per_bin_of_versions(tmp_path: Path) -> None:
+    s = summary(_run_dir(tmp_path, {0: 0.5, 10: 0.6, 20: 0.9}) / "trajectories")
+    assert s is not None
+    assert [(b["versions"], b["episodes"], b["share"]) for b in s["bins"]] == [
+        ([0, 9], 20, 0.5), ([10, 19], 20, 0.6), ([20, 29], 20, 0.9)]
+    assert s["first"]["share"] == 0.5 and s["last"]["share"] == 0.9 and abs(s["rise"] - 0.4) < 1e-9
+    assert 0.1 < s["first"]["half_width"] < 0.3
+    assert "0-9 0.50" in line(s) and "20-29 0.90" in line(s) and "+0.40" in line(s)
+
+
+def test_a_thin_final_bin_is_not_the_last(tmp_path: Path) -> None:
+    """Training stops a few versions into a bin: its handful of episodes would make the run's
+    final share noise, so the last full bin stands for it."""
+    s = summary(_run_dir(tmp_path, {0: 0.5, 10: 0.8}, last_thin=3) / "trajectories")
+    assert s is not None and len(s["bins"]) == 3 and s["last"]["versions"] == [10, 19]
+
+
+def test_no_choice_no_summary(tmp_path: Path) -> None:
+    assert summary(tmp_path) is None
+    assert "no train episode" in line(None)
+
+
+def _learning(seed: int, first: float, last: float) -> dict:
+    b = lambda v, p: {"versions": [v, v + 9], "episodes": 300, "share": p, "half_width": 0.05}  # noqa: E731
+    return {"seed": seed, "splits": {}, "choice": {"bin": 10, "bins": [b(0, first), b(80, last)],
+                                                   "first": b(0, first), "last": b(80, last), "rise": last - first}}
+
+
+def test_the_choice_across_seeds_beside_the_goals() -> None:
+    rl = [_learning(s, 0.5 + 0.01 * s, 0.78 + 0.02 * s) for s in range(3)]
+    shuffled = [_learning(s, 0.5, 0.48 + 0.02 * s) for s in range(3)]
+    agg = aggregate(rl, shuffled)
+    c = agg["choice"]
+    assert c["rl"]["rise"]["ci"][0] > 0.2, c["rl"]
+    assert c["shuffled"]["rise"]["ci"][0] <= 0.0 <= c["shuffled"]["rise"]["ci"][1], c["shuffled"]
+    assert c["rl"]["last"]["n"] == 3
+    text = markdown(agg, {"how": "synthetic"})
+    assert "| RL | 0.510 [" in text and "| shuffled rewards | 0.500 [" in text
+    # a run from before the measurement has none: nothing is made up
+    assert aggregate([{"seed": 0, "splits": {}}])["choice"] == {}
