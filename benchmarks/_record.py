@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import time
 from pathlib import Path
+
+from common.marked import replace_marked
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADER = "# Benchmark results\n\nEach section is rewritten by its script (`.venv/bin/python benchmarks/<name>.py`).\n"
@@ -21,11 +22,9 @@ def record(name: str, table_md: str, summary: dict, notes: str = "") -> None:
         f"Run {stamp} on {platform.machine()}, {_cores()} cores, Python {platform.python_version()}.\n\n"
         f"{table_md.strip()}\n\n"
         + (f"{notes.strip()}\n\n" if notes else "")
-        + f"```json\n{json.dumps(summary, sort_keys=True)}\n```\n<!-- {name}:end -->\n"
+        + f"```json\n{json.dumps(summary, sort_keys=True)}\n```\n<!-- {name}:end -->"
     )
-    pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->\n", re.S)
-    text = pattern.sub(lambda _m: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
-    RESULTS.write_text(text)
+    RESULTS.write_text(replace_marked(text, f"<!-- {name}:start -->", f"<!-- {name}:end -->", body))
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _record import markdown_table, record  # noqa: E402
+from common.marked import replace_marked  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "demo_ceiling.json"
 DOC = ROOT / "docs" / "demo.md"
@@ -244,14 +245,8 @@ def how(res: dict[str, Any]) -> str:
 
 
 def write_doc(res: dict[str, Any]) -> None:
-    text = DOC.read_text()
     body = f"{DOC_BEGIN}\n\n{table(res)}\n\n{how(res)}\n\n{DOC_END}"
-    if DOC_BEGIN in text and DOC_END in text:
-        head, rest = text.split(DOC_BEGIN, 1)
-        text = head + body + rest.split(DOC_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## The ceiling\n\n" + body + "\n"
-    DOC.write_text(text)
+    DOC.write_text(replace_marked(DOC.read_text(), DOC_BEGIN, DOC_END, body, absent="## The ceiling\n\n"))
 
 
 def main() -> int:

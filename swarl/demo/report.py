@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from common.marked import replace_marked
 from swarl.demo.stats import OUTCOMES, across_families, summary_across
 
 # The goals, fixed in docs/demo.md before the runs: on the held-out combinations, a mean change
@@ -223,13 +224,7 @@ def markdown(agg: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def write_doc(doc: Path, table: str) -> None:
     """Replace the generated section of docs/demo.md (appended when absent)."""
-    text = doc.read_text()
-    if DOC_BEGIN in text and DOC_END in text:
-        head, rest = text.split(DOC_BEGIN, 1)
-        text = head + table + rest.split(DOC_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + table + "\n"
-    doc.write_text(text)
+    doc.write_text(replace_marked(doc.read_text(), DOC_BEGIN, DOC_END, table))
 
 
 CHANCE = 0.5  # each task has two edits that look alike; a policy that ignores the code resolves half

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from swarl.demo.choice import line, summary
 from swarl.demo.report import aggregate, markdown
-from swe.tasks.generated import TRAIN_FAMILIES, fix_commands, inspect_command, inspect_output, instances
+from swe.tasks.generated import (
+    TRAIN_FAMILIES,
+    fix_commands,
+    inspect_command,
+    inspect_output,
+    instances,
+)
 
 INSTS = [i for i in instances() if i.family.name in TRAIN_FAMILIES][:20]
 
@@ -36,7 +42,7 @@ def _run_dir(tmp: Path, shares: dict[int, float], per_bin: int = 20, last_thin: 
             _episode(d, f"ep{k:05d}", b + j % 10, j < round(p * per_bin), k)
             k += 1
     last = max(shares) + 10
-    for j in range(last_thin):  # a final bin with few episodes (training stopped in it)
+    for _ in range(last_thin):  # a final bin with few episodes (training stopped in it)
         _episode(d, f"ep{k:05d}", last, True, k)
         k += 1
     _episode(d, f"ep{k:05d}", 3, None, k)  # inspected, never edited: no choice, left out

@@ -140,3 +140,18 @@ def test_report_and_summary_across_seeds(tmp_path) -> None:
     assert "old" not in text and text.startswith("# demo") and text.rstrip().endswith("after")
     assert "held-out combinations" in text and "shuffled rewards" in text and "Per code shape" in text
     assert "hand-written suite" in text
+
+
+def test_a_marked_section_is_replaced_or_created() -> None:
+    """common.marked (docs/demo.md's sections, benchmarks/RESULTS.md): the block between the
+    markers is replaced and nothing around it moves; a second section with the same end marker
+    further down is untouched; without the markers the block is appended after its heading."""
+    from common.marked import replace_marked
+
+    b, e = "<!-- x:start -->", "<!-- x:end -->"
+    text = f"# doc\n\nkept\n{b}\nold\n{e}\ntail\n{b.replace('x', 'y')}\nother\n{e}\n"
+    new = replace_marked(text, b, e, f"{b}\nnew\n{e}")
+    assert new == f"# doc\n\nkept\n{b}\nnew\n{e}\ntail\n{b.replace('x', 'y')}\nother\n{e}\n"
+    assert replace_marked(new, b, e, f"{b}\nnew\n{e}") == new  # idempotent
+    assert replace_marked("# doc\n\n", b, e, f"{b}\nz\n{e}", absent="## X\n\n") == f"# doc\n\n## X\n\n{b}\nz\n{e}\n"
+    assert replace_marked(f"# doc\n{e}\n", b, e, f"{b}\nz\n{e}").endswith(f"{e}\n\n{b}\nz\n{e}\n")  # an end alone
