@@ -11,6 +11,7 @@ instead of them: the goals (swarl.demo.report.GOALS) stay on the evaluated resol
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,43 @@ from swe.tasks.generated import edit_reads_line
 BIN = 10  # policy versions per bin
 
 
-def choices(traj_dir: Path, bin_size: int = BIN) -> dict[int, list[bool]]:
-    """Per bin of `bin_size` policy versions (keyed by its first version): whether each episode's
-    edit read the line. Episodes without both an inspection and a sed edit are left out, as are
-    ones still being written or without a policy version."""
-    by: dict[int, list[bool]] = {}
+_RETURNCODE = re.compile(r"<returncode>(-?\d+)</returncode>")
+
+
+def edit_failed(messages: list[dict[str, Any]]) -> bool | None:
+    """Whether the episode's first `sed -i` command exited non-zero (the observation after it says
+    so): a right choice whose command the policy garbled resolves nothing. None without one."""
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant" and "sed -i" in str(m.get("content", "")):
+            nxt = messages[i + 1] if i + 1 < len(messages) else {}
+            rc = _RETURNCODE.search(str(nxt.get("content", ""))) if nxt.get("role") == "user" else None
+            return None if rc is None else int(rc.group(1)) != 0
+    return None
+
+
+def episodes(traj_dir: Path) -> list[tuple[int, bool, bool]]:
+    """(policy version, edit read the line, edit command failed) of every episode that inspected
+    and edited with sed; ones still being written or without a policy version are left out."""
+    out = []
     for d in sorted(traj_dir.glob("*/")):
         try:
             traj = json.loads((d / "traj.json").read_text())
             version = int(json.loads((d / "meta.json").read_text())["policy_version"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        reads = edit_reads_line(traj.get("messages", []))
+        messages = traj.get("messages", [])
+        reads = edit_reads_line(messages)
         if reads is not None:
-            by.setdefault(version // bin_size * bin_size, []).append(reads)
+            out.append((version, reads, bool(edit_failed(messages))))
+    return out
+
+
+def choices(traj_dir: Path, bin_size: int = BIN) -> dict[int, list[bool]]:
+    """Per bin of `bin_size` policy versions (keyed by its first version): whether each episode's
+    edit read the line."""
+    by: dict[int, list[bool]] = {}
+    for version, reads, _ in episodes(traj_dir):
+        by.setdefault(version // bin_size * bin_size, []).append(reads)
     return dict(sorted(by.items()))
 
 
@@ -44,14 +68,21 @@ def share(xs: list[bool]) -> tuple[float, float]:
 
 
 def summary(traj_dir: Path, bin_size: int = BIN) -> dict[str, Any] | None:
-    """Every bin's share, the first and the last bin's (the last full one: a run's final
+    """Every bin's share (and `read_but_failed`: the share of episodes whose edit read the line
+    but whose command failed, garbled), the first and the last bin's (the last full one: a run's final
     versions have few episodes; the last bin is used when it holds at least half as many
     episodes as the mean bin) and the rise between them; None without any such episode."""
-    by = choices(traj_dir, bin_size)
+    by: dict[int, list[tuple[bool, bool]]] = {}
+    for version, reads, failed in episodes(traj_dir):
+        by.setdefault(version // bin_size * bin_size, []).append((reads, failed))
     if not by:
         return None
-    bins: list[dict[str, Any]] = [{"versions": [v, v + bin_size - 1], "episodes": len(xs), "share": round(share(xs)[0], 4),
-             "half_width": round(share(xs)[1], 4)} for v, xs in by.items()]
+    bins: list[dict[str, Any]] = []
+    for v, eps in sorted(by.items()):
+        p, hw = share([r for r, _ in eps])
+        bins.append({"versions": [v, v + bin_size - 1], "episodes": len(eps), "share": round(p, 4),
+                     "half_width": round(hw, 4),
+                     "read_but_failed": round(sum(r and f for r, f in eps) / len(eps), 4)})
     mean_n = sum(b["episodes"] for b in bins) / len(bins)
     last = bins[-1] if bins[-1]["episodes"] >= mean_n / 2 or len(bins) == 1 else bins[-2]
     return {"bin": bin_size, "bins": bins, "first": bins[0], "last": last,
@@ -65,4 +96,5 @@ def line(s: dict[str, Any] | None) -> str:
     f, la = s["first"], s["last"]
     return (f"edit reads the line (train episodes): versions {f['versions'][0]}-{f['versions'][1]} "
             f"{f['share']:.2f} ± {f['half_width']:.2f} ({f['episodes']}) -> {la['versions'][0]}-{la['versions'][1]} "
-            f"{la['share']:.2f} ± {la['half_width']:.2f} ({la['episodes']}), rise {s['rise']:+.2f}")
+            f"{la['share']:.2f} ± {la['half_width']:.2f} ({la['episodes']}), rise {s['rise']:+.2f}; read the line "
+            f"but the command failed {f['read_but_failed']:.2f} -> {la['read_but_failed']:.2f}")

@@ -86,6 +86,8 @@ def _choice_across(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             out[arm] = {k: summary_across([c[k] if k == "rise" else c[k]["share"] for c in ch])
                         for k in ("first", "last", "rise")}
             out[arm]["last_versions"] = [c["last"]["versions"] for c in ch]
+            if all("read_but_failed" in c["last"] for c in ch):  # right choice, garbled command
+                out[arm]["read_but_failed_last"] = summary_across([c["last"]["read_but_failed"] for c in ch])
     return out
 
 
@@ -211,9 +213,12 @@ def markdown(agg: dict[str, Any], meta: dict[str, Any]) -> str:
         lines += ["", "The choice on the runs' own train episodes (swarl/demo/choice.py: the share whose `sed` "
                   "searched for what the inspection printed; first and last bin of 10 policy versions), mean "
                   "over seeds [95% t interval over seeds] — beside the goals, not one:", "",
-                  "| arm | first 10 versions | last 10 versions | rise |", "|---|---|---|---|"]
+                  "| arm | first 10 versions | last 10 versions | rise | read the line, command failed (last 10) |",
+                  "|---|---|---|---|---|"]
         for arm, c in agg["choice"].items():
-            lines.append(f"| {'RL' if arm == 'rl' else CONTROLS.get(arm, arm)} | {_share(c['first'])} | {_share(c['last'])} | **{_v(c['rise'])}** |")
+            failed = _share(c["read_but_failed_last"]) if c.get("read_but_failed_last") else "-"
+            lines.append(f"| {'RL' if arm == 'rl' else CONTROLS.get(arm, arm)} | {_share(c['first'])} | "
+                         f"{_share(c['last'])} | **{_v(c['rise'])}** | {failed} |")
     goals = [f"{SPLIT_NAMES[k]}: goal +{g['goal_change']:.2f} with the interval over seeds above both controls'; "
              f"reached {g['mean_change']:+.3f} (lower bound {g['lower']:+.3f}; controls' upper bounds "
              + ", ".join(f"{CONTROLS[c]} {v:+.3f}" for c, v in g["controls_upper"].items())

@@ -20,7 +20,7 @@ from swe.tasks.generated import (
 INSTS = [i for i in instances() if i.family.name in TRAIN_FAMILIES][:20]
 
 
-def _episode(d: Path, name: str, version: int, reads: bool | None, k: int) -> None:
+def _episode(d: Path, name: str, version: int, reads: bool | None, k: int, rc: int | None = None) -> None:
     inst = INSTS[k % len(INSTS)]
     gold, wrong = fix_commands(inst)
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "issue"},
@@ -28,6 +28,8 @@ def _episode(d: Path, name: str, version: int, reads: bool | None, k: int) -> No
                 {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{inspect_output(inst)}</output>"}]
     if reads is not None:
         messages.append({"role": "assistant", "content": f"```bash\n{gold if reads else wrong[0]}\n```"})
+        if rc is not None:
+            messages.append({"role": "user", "content": f"<returncode>{rc}</returncode>\n<output>\n</output>"})
     (d / name).mkdir(parents=True)
     (d / name / "traj.json").write_text(json.dumps({"messages": messages}))
     (d / name / "meta.json").write_text(json.dumps({"policy_version": version}))
@@ -73,7 +75,8 @@ def test_no_choice_no_summary(tmp_path: Path) -> None:
 
 
 def _learning(seed: int, first: float, last: float) -> dict:
-    b = lambda v, p: {"versions": [v, v + 9], "episodes": 300, "share": p, "half_width": 0.05}  # noqa: E731
+    b = lambda v, p: {"versions": [v, v + 9], "episodes": 300, "share": p, "half_width": 0.05,  # noqa: E731
+                      "read_but_failed": 0.1}
     return {"seed": seed, "splits": {}, "choice": {"bin": 10, "bins": [b(0, first), b(80, last)],
                                                    "first": b(0, first), "last": b(80, last), "rise": last - first}}
 
@@ -88,5 +91,19 @@ def test_the_choice_across_seeds_beside_the_goals() -> None:
     assert c["rl"]["last"]["n"] == 3
     text = markdown(agg, {"how": "synthetic"})
     assert "| RL | 0.510 [" in text and "| shuffled rewards | 0.500 [" in text
+    assert c["rl"]["read_but_failed_last"]["mean"] == 0.1 and "| 0.100 [0.100, 0.100] |" in text
     # a run from before the measurement has none: nothing is made up
     assert aggregate([{"seed": 0, "splits": {}}])["choice"] == {}
+
+
+def test_a_right_choice_in_a_garbled_command_is_counted(tmp_path: Path) -> None:
+    """The policy picks the right edit but garbles the rest of its command (the command exits
+    2): that episode's choice still reads the line, and `read_but_failed` counts it."""
+    d = tmp_path / "trajectories"
+    for k in range(10):
+        _episode(d, f"a{k}", 0, True, k, rc=0)
+        _episode(d, f"b{k}", 10, k % 2 == 0, k, rc=2 if k < 4 else 0)  # 2 right-but-failed, 2 wrong-and-failed
+    s = summary(d)
+    assert s is not None
+    assert [b["read_but_failed"] for b in s["bins"]] == [0.0, 0.2]
+    assert "failed 0.00 -> 0.20" in line(s)
