@@ -45,6 +45,15 @@ class LearnerConfig(Section):
         None, gt=1.0, description="Also clip each update's gradient norm at this multiple of the "
         "running mean of the earlier updates' norms (from the 6th update; learner/spike_clip.py): "
         "one spike then cannot fill Adam's second moment and shrink every later update. Unset: off.")
+    max_update_kl: float | None = Field(
+        None, gt=0, description="Trust region on each optimizer update: the KL it moved the policy "
+        "on its own minibatch (k3 of KL(proximal || new) on the sampled tokens, weighted as the loss) "
+        "is measured after it, and above this bound the update is scaled back toward the weights "
+        "before it (halved up to max_update_kl_tries times, undone if still above): Adam can move "
+        "the policy far on a gradient of ordinary norm (learner/trust_region.py). Torch backend "
+        "only. Unset: off.")
+    max_update_kl_tries: int = Field(6, ge=1, description="Halvings of an update before it is undone "
+                                     "(learner.max_update_kl).")
     # -- batching -------------------------------------------------------------------------
     max_tokens_per_microbatch: int = Field(
         4096, description="Token budget of one packed micro-batch; gradients accumulate over "

@@ -18,7 +18,10 @@ say it, their short labels (the learner state hash for `swarl status`, the demo'
   step has none). Near 0 whatever the learning; above ~0.02 for several steps it is a
   weight-sync, temperature or tokenisation bug (prime-rl's CI bound). behav_kl is the same on
   every token: with staleness it adds how far the policy moved since the stale tokens were made.
-- update_kl: how far the step's updates moved the policy on its batch.
+- update_kl: how far the step's updates moved the policy on its batch. Far above the run's
+  median at an ordinary grad_norm: Adam's per-parameter scaling made a large move of a normal
+  gradient; update_backtracked: the step's updates learner.max_update_kl scaled back
+  (learner/trust_region.py), update_alpha_min the smallest scale kept.
 - adv_abs_mean: mean |advantage| of the batch's episodes.
 """
 
@@ -37,6 +40,7 @@ DIAGNOSTICS: tuple[tuple[str, str, str], ...] = (
     ("mismatch_kl", "mismatch KL", "{:.2g}"),
     ("behav_kl", "behaviour KL", "{:.2g}"),
     ("update_kl", "update KL", "{:.2g}"),
+    ("update_backtracked", "backtracked updates", "{:.0f}"),
     ("adv_abs_mean", "|adv|", "{:.3f}"),
     ("updates", "updates", "{:.0f}"),
 )

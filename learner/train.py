@@ -24,6 +24,7 @@ from learner.config import LearnerConfig
 from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
 from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_positions
 from learner.spike_clip import SpikeClip
+from learner.trust_region import constrain
 
 # statistics of a step that are means over its optimizer updates: each update's per-token
 # statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
@@ -150,7 +151,8 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     if not any(mbs_of):
         raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
     every_mb = [mb for mbs in mbs_of for mb in mbs]
-    if not single or cfg.update_kl:  # the proximal policy's logprobs, before any update moves it
+    trust = cfg.max_update_kl is not None
+    if not single or cfg.update_kl or trust:  # the proximal policy's logprobs, before any update moves it
         proximal_pass(backend, every_mb)
 
     def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
@@ -172,7 +174,8 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     sums: dict[str, float] = defaultdict(float)
     w_max = 0.0
     grad_norms: list[float] = []
-    spiked = 0
+    spiked = backtracked = 0
+    alpha_min = 1.0
     lr = 0.0
     for _ in range(cfg.epochs):
         for mbs in mbs_of:
@@ -182,7 +185,15 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
                 st.pop("weight_sum", None)
                 for k, v in st.items():
                     upd[k] += v
+            before = backend.params_snapshot() if trust else None
             out = backend.step(spikes.threshold() if spikes is not None else None)
+            if before is not None:  # learner.max_update_kl: scale the update back into the region
+                assert cfg.max_update_kl is not None
+                alpha, out["update_kl_minibatch"] = constrain(backend, before, mbs, cfg.max_update_kl,
+                                                              cfg.max_update_kl_tries)
+                backtracked += alpha < 1.0
+                alpha_min = min(alpha_min, alpha)
+                del before
             grad_norms.append(out["grad_norm"])
             spiked += spikes is not None and spikes.observe(out["grad_norm"])
             lr = out["lr"]
@@ -199,6 +210,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     dt = time.perf_counter() - t0
     return {**sums, "grad_norm": float(np.mean(grad_norms)), "grad_norm_max": float(max(grad_norms)),
             "spike_clipped": float(spiked),
+            **({"update_backtracked": float(backtracked), "update_alpha_min": alpha_min} if trust else {}),
             "lr": lr, "imp_weight_max": w_max, "updates": float(updates),
             "microbatches": float(len(every_mb) * cfg.epochs), "step_time_s": dt,
             "tokens_per_s": sums["tokens"] / dt if dt > 0 else 0.0, "samples": float(len(items))}

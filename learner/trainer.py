@@ -35,7 +35,8 @@ log = get_logger("learner.trainer")
 Weights = Iterator[tuple[str, torch.Tensor]]
 # statistics that are not sums over the step's samples
 _MAX = ("imp_weight_max", "step_time_s")
-_SAME = ("grad_norm", "grad_norm_max", "spike_clipped", "lr", "skipped", "updates")
+_SAME = ("grad_norm", "grad_norm_max", "spike_clipped", "update_backtracked", "update_alpha_min", "lr",
+         "skipped", "updates")
 
 
 class RankWorker:

@@ -58,6 +58,18 @@ class TrainBackend(Protocol):
         every rank)."""
         ...
 
+    def params_snapshot(self) -> list[torch.Tensor]:
+        """Copies of this rank's trainable parameters (learner.max_update_kl)."""
+        ...
+
+    def params_blend(self, before: list[torch.Tensor], after: list[torch.Tensor], alpha: float) -> None:
+        """Set this rank's parameters to before + alpha * (after - before), both params_snapshot()s."""
+        ...
+
+    def dp_sum(self, x: float) -> float:
+        """COLLECTIVE over the data-parallel ranks: the sum of `x` (x itself on one rank)."""
+        ...
+
     def publish_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """COLLECTIVE: every rank iterates it to the end. The policy's weights in HF naming,
         gathered to global rank 0 one tensor at a time and handed out there as CPU tensors;

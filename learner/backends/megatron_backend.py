@@ -166,6 +166,10 @@ class MegatronBackend:
             raise ValueError(f"learner.kl_coef={cfg.kl_coef} with learner.pipeline_parallel={pp}: "
                              "the reference model's logprobs would need a pipeline pass of their "
                              "own; use pipeline_parallel 1 or kl_coef 0")
+        if cfg.max_update_kl is not None:
+            raise ValueError("learner.max_update_kl: the torch backend only (Megatron's trained weights "
+                             "are its optimizer's main copies, sharded by the distributed optimizer; "
+                             "scaling an update back there is not built)")
         init_parallel(cfg)
         with maybe_cpu_standins():
             self.model = build_gpt(self.arch, cfg, self.cpu, self.te)
@@ -297,6 +301,15 @@ class MegatronBackend:
         dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
                                    group=ps.get_pipeline_model_parallel_group())
         return box[0]
+
+    def params_snapshot(self) -> list[torch.Tensor]:
+        raise NotImplementedError("learner.max_update_kl: the torch backend only")
+
+    def params_blend(self, before: list[torch.Tensor], after: list[torch.Tensor], alpha: float) -> None:
+        raise NotImplementedError("learner.max_update_kl: the torch backend only")
+
+    def dp_sum(self, x: float) -> float:
+        raise NotImplementedError("learner.max_update_kl: the torch backend only")
 
     def step(self, max_norm: float | None = None) -> dict[str, float]:
         # megatron's optimizers read config.clip_grad at each step (each of a chained one's)

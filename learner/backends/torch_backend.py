@@ -124,6 +124,21 @@ class TorchBackend:
     def step(self, max_norm: float | None = None) -> dict[str, float]:
         return clip_and_step(self.model, self.opt, self.sched, self.cfg.grad_clip, max_norm)
 
+    def params_snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.model.parameters()]
+
+    def params_blend(self, before: list[torch.Tensor], after: list[torch.Tensor], alpha: float) -> None:
+        with torch.no_grad():
+            for p, b, a in zip(self.model.parameters(), before, after, strict=True):
+                p.copy_(torch.lerp(b, a, alpha))
+
+    def dp_sum(self, x: float) -> float:
+        if self.ddp is None:
+            return x
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's replica in HF naming (a tied lm_head is listed once, as the embedding)."""
         for name, p in self.model.named_parameters():

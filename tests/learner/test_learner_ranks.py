@@ -39,14 +39,20 @@ def _equivalence(model_dir: Path, out: Path, nproc: int, *sets: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("sets", [(), ("learner.minibatches=2", "learner.epochs=2")], ids=["one_update", "four_updates"])
+@pytest.mark.parametrize("sets", [(), ("learner.minibatches=2", "learner.epochs=2"),
+                                  ("learner.minibatches=2", "learner.max_update_kl=0.001")],
+                         ids=["one_update", "four_updates", "trust_region"])
 def test_torch_data_parallel_two_ranks_equals_one(small_model_dir, tmp_path, sets: tuple[str, ...]) -> None:
     """Also with several optimizer updates a step: each minibatch is sharded on its own, every
-    rank takes part in every update, the proximal pass runs on every rank."""
+    rank takes part in every update, the proximal pass runs on every rank; and with the trust
+    region, whose KL is summed over the ranks so that every rank scales its update alike."""
     one = _equivalence(small_model_dir, tmp_path / "one.pt", 1, *sets)
     two = _equivalence(small_model_dir, tmp_path / "two.pt", 2, *sets)
-    if sets:
+    if "learner.epochs=2" in sets:
         assert all(st["updates"] == 4 for st in one["stats"] + two["stats"])
+    if "learner.max_update_kl=0.001" in sets:  # it acted, and alike on one rank and two
+        assert all(st["update_backtracked"] == 2 and 0 < st["update_alpha_min"] < 1 for st in one["stats"])
+        assert [st["update_alpha_min"] for st in one["stats"]] == [st["update_alpha_min"] for st in two["stats"]]
     assert (one["dp_size"], two["dp_size"]) == (1, 2)
     for a, b in zip(one["logprobs"], two["logprobs"], strict=True):
         assert float((a - b).abs().max()) <= 1e-4

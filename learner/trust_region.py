@@ -1,0 +1,59 @@
+"""A trust region on each optimizer update (`learner.max_update_kl`).
+
+Adam scales every parameter's step by the root of its own running mean of squared gradients, so
+an update's size in the policy is not its gradient's: where a gradient falls on parameters whose
+history is small, a gradient of ordinary norm moves the policy far. In the SWE demo (docs/demo.md,
+"Gradient spikes" and after) such updates moved the policy 10-100x the run's median update KL at
+ordinary gradient norms, and the replies sampled after them were garbled (the edit command broken
+right after the chosen replacement): neither the gradient clip nor learner.spike_clip sees them.
+
+After each update the KL it moved the policy on its own minibatch is measured (k3 of
+KL(proximal || new) on the sampled tokens, weighted as the loss is, summed over the data-parallel
+ranks so every rank decides alike); above the bound the parameters are set back to
+before + alpha * (after - before), alpha halved until the KL is within the bound, and the update
+is undone (alpha 0) if it is still above after `max_update_kl_tries` halvings — TRPO's
+backtracking line search, with Adam's direction in place of the natural gradient. Adam's moments
+keep the update's gradient. The KL is measured against the proximal policy (before the step's
+first update), so the bound holds for the step's updates together on each minibatch, as PPO's
+clip does. Cost: one no-grad forward of the minibatch per update, one more per halving, and two
+copies of the parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from learner.backends.base import TrainBackend
+from learner.losses import kl_k3
+from learner.packing import MicroBatch
+
+
+def minibatch_kl(backend: TrainBackend, mbs: list[MicroBatch]) -> float:
+    """KL(proximal || current) on a minibatch's sampled tokens, weighted as the loss is, over
+    every data-parallel rank."""
+    total = 0.0
+    for mb in mbs:
+        assert mb.prox_logp is not None, "the proximal pass must run before a trust-region update"
+        with torch.no_grad():
+            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
+        total += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum())
+    return backend.dp_sum(total)
+
+
+def constrain(backend: TrainBackend, before: list[torch.Tensor], mbs: list[MicroBatch],
+              bound: float, tries: int) -> tuple[float, float]:
+    """After an optimizer update from the parameters `before`: scale it back until the policy's
+    KL on `mbs` is within `bound`. Returns (alpha kept, KL at it)."""
+    kl = minibatch_kl(backend, mbs)
+    if kl <= bound:
+        return 1.0, kl
+    after = backend.params_snapshot()
+    alpha = 1.0
+    for _ in range(tries):
+        alpha /= 2
+        backend.params_blend(before, after, alpha)
+        kl = minibatch_kl(backend, mbs)
+        if kl <= bound:
+            return alpha, kl
+    backend.params_blend(before, after, 0.0)
+    return 0.0, minibatch_kl(backend, mbs)
