@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the packages before this folder (benchmarks/weight_sync.py), which Python put first
 
 from _record import markdown_table, record  # noqa: E402
+from swarl.demo.choice import evaluations as choice_evaluations  # noqa: E402
 from swarl.demo.choice import summary as choice_summary  # noqa: E402
 from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
 
@@ -71,6 +72,8 @@ def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
                 learning = json.loads((d / "learning.json").read_text())
                 if "choice" not in learning:  # a run from before swarl.demo.choice: read from its episodes
                     learning["choice"] = choice_summary(d / "trajectories")
+                if "eval_choice" not in learning:
+                    learning["eval_choice"] = choice_evaluations(d / "eval")
                 runs[arm].append({**learning,
                                   "result": json.loads((d / "result.json").read_text())})
     if not runs[ARMS[0]]:

@@ -34,20 +34,50 @@ def edit_failed(messages: list[dict[str, Any]]) -> bool | None:
     return None
 
 
-def episodes(traj_dir: Path) -> list[tuple[int, bool, bool]]:
-    """(policy version, edit read the line, edit command failed) of every episode that inspected
-    and edited with sed; ones still being written or without a policy version are left out."""
+def _read(traj_dir: Path) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(meta.json, messages) of every episode directory; ones still being written are left out."""
     out = []
     for d in sorted(traj_dir.glob("*/")):
         try:
-            traj = json.loads((d / "traj.json").read_text())
-            version = int(json.loads((d / "meta.json").read_text())["policy_version"])
-        except (OSError, ValueError, KeyError, TypeError):
+            out.append((json.loads((d / "meta.json").read_text()),
+                        json.loads((d / "traj.json").read_text()).get("messages", [])))
+        except (OSError, ValueError):
             continue
-        messages = traj.get("messages", [])
+    return out
+
+
+def episodes(traj_dir: Path) -> list[tuple[int, bool, bool]]:
+    """(policy version, edit read the line, edit command failed) of every episode that inspected
+    and edited with sed; ones without a policy version (evaluations) are left out."""
+    out = []
+    for meta, messages in _read(traj_dir):
+        try:
+            version = int(meta["policy_version"])
+        except (KeyError, TypeError, ValueError):
+            continue
         reads = edit_reads_line(messages)
         if reads is not None:
             out.append((version, reads, bool(edit_failed(messages))))
+    return out
+
+
+def evaluated(eval_dir: Path) -> dict[str, Any] | None:
+    """The choice in one evaluation (`<run>/eval/<name>-<split>`, one policy): the share of its
+    episodes whose edit read the line, its 95% half-width, and read_but_failed; None without any."""
+    eps = [(r, bool(edit_failed(m))) for _, m in _read(eval_dir) if (r := edit_reads_line(m)) is not None]
+    if not eps:
+        return None
+    p, hw = share([r for r, _ in eps])
+    return {"episodes": len(eps), "share": round(p, 4), "half_width": round(hw, 4),
+            "read_but_failed": round(sum(r and f for r, f in eps) / len(eps), 4)}
+
+
+def evaluations(eval_root: Path) -> dict[str, dict[str, Any]]:
+    """`evaluated` of every evaluation of a run, by its directory name (before-heldout, ...)."""
+    out = {}
+    for d in sorted(p for p in eval_root.glob("*") if p.is_dir()) if eval_root.is_dir() else []:
+        if (e := evaluated(d)) is not None:
+            out[d.name] = e
     return out
 
 

@@ -62,6 +62,7 @@ def aggregate(runs: list[dict[str, Any]], shuffled: list[dict[str, Any]] | None 
         }
         out["splits"][split] = s
     out["choice"] = _choice_across({"rl": runs, "shuffled": shuffled})
+    out["eval_choice"] = _eval_choice_across(runs, shuffled)
     for split, goal in GOALS.items():
         s = out["splits"].get(split)
         if s is None:
@@ -88,6 +89,22 @@ def _choice_across(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             out[arm]["last_versions"] = [c["last"]["versions"] for c in ch]
             if all("read_but_failed" in c["last"] for c in ch):  # right choice, garbled command
                 out[arm]["read_but_failed_last"] = summary_across([c["last"]["read_but_failed"] for c in ch])
+    return out
+
+
+def _eval_choice_across(runs: list[dict[str, Any]], shuffled: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per split, over the seeds: the share of evaluated episodes whose edit read the line before
+    training, after RL, after the SFT control and after the shuffled-reward run (mean, 95% t
+    interval over seeds) — the choice without what garbled commands cost the resolve rate."""
+    out: dict[str, Any] = {}
+    for split in SPLIT_NAMES:
+        cols = {"before": [r.get("eval_choice", {}).get(f"before-{split}") for r in runs],
+                "rl": [r.get("eval_choice", {}).get(f"after-{split}") for r in runs],
+                "sft": [r.get("eval_choice", {}).get(f"sft-{split}") for r in runs],
+                "shuffled": [r.get("eval_choice", {}).get(f"after-{split}") for r in shuffled]}
+        row = {k: summary_across([v["share"] for v in vals if v]) for k, vals in cols.items() if any(vals)}
+        if row:
+            out[split] = row
     return out
 
 
@@ -219,6 +236,13 @@ def markdown(agg: dict[str, Any], meta: dict[str, Any]) -> str:
             failed = _share(c["read_but_failed_last"]) if c.get("read_but_failed_last") else "-"
             lines.append(f"| {'RL' if arm == 'rl' else CONTROLS.get(arm, arm)} | {_share(c['first'])} | "
                          f"{_share(c['last'])} | **{_v(c['rise'])}** | {failed} |")
+    if agg.get("eval_choice"):
+        lines += ["", "The choice in the evaluations (the share of evaluated episodes whose edit read the line; "
+                  "a right choice in a garbled command still counts), mean over seeds [95% t interval over seeds]:",
+                  "", "| split | before | after RL | after shuffled rewards | after continued SFT |", "|---|---|---|---|---|"]
+        for split, row in agg["eval_choice"].items():
+            cells = [_share(row[k]) if k in row else "-" for k in ("before", "rl", "shuffled", "sft")]
+            lines.append(f"| {SPLIT_NAMES[split]} | " + " | ".join(cells) + " |")
     goals = [f"{SPLIT_NAMES[k]}: goal +{g['goal_change']:.2f} with the interval over seeds above both controls'; "
              f"reached {g['mean_change']:+.3f} (lower bound {g['lower']:+.3f}; controls' upper bounds "
              + ", ".join(f"{CONTROLS[c]} {v:+.3f}" for c, v in g["controls_upper"].items())

@@ -53,6 +53,7 @@ from swarl.config import (
     load_config,
     rollout_temperature_error,
 )
+from swarl.demo.choice import evaluations as choice_evaluations
 from swarl.demo.choice import line as choice_line
 from swarl.demo.choice import summary as choice_summary
 from swarl.demo.report import ARMS
@@ -654,6 +655,7 @@ class Demo:
         learning["arm"] = self.o.arm
         learning["before_from"] = self.o.before_from
         learning["choice"] = choice_summary(self.run_dir / "trajectories")
+        learning["eval_choice"] = choice_evaluations(self.run_dir / "eval")
         if recheck is not None:
             learning["recheck_identical"] = {sp: _outcomes(before[sp]) == _outcomes(recheck[sp]) for sp in before}
         (self.run_dir / "learning.json").write_text(json.dumps(learning, indent=1) + "\n")
@@ -792,6 +794,12 @@ def learning_lines(learning: dict[str, Any]) -> str:
         lines.append(line)
     if "choice" in learning:
         lines.append("  " + choice_line(learning["choice"]))
+    ev = learning.get("eval_choice") or {}
+    for split in learning["splits"]:
+        shown = [f"{name} {ev[f'{name}-{split}']['share']:.2f}" for name in ("before", "after", "sft")
+                 if f"{name}-{split}" in ev]
+        if shown:
+            lines.append(f"  {split:15s} edit reads the line in the evaluation: {', '.join(shown)}")
     return "\n".join(lines)
 
 

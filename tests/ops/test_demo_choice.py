@@ -107,3 +107,28 @@ def test_a_right_choice_in_a_garbled_command_is_counted(tmp_path: Path) -> None:
     assert s is not None
     assert [b["read_but_failed"] for b in s["bins"]] == [0.0, 0.2]
     assert "failed 0.00 -> 0.20" in line(s)
+
+
+def test_the_choice_in_an_evaluation(tmp_path: Path) -> None:
+    """An evaluation's episodes carry no policy version (one policy): evaluated() reads them all,
+    the run's curve leaves them out, and the seeds summary shows before / after per arm."""
+    from swarl.demo.choice import episodes, evaluated, evaluations
+
+    ev = tmp_path / "eval"
+    for k in range(8):
+        _episode(ev / "after-heldout", f"e{k}", 0, k < 6, k, rc=2 if k == 0 else 0)
+        _episode(ev / "before-heldout", f"e{k}", 0, k < 4, k, rc=0)
+    for split in ("after-heldout", "before-heldout"):
+        for m in (ev / split).glob("*/meta.json"):
+            m.write_text(json.dumps({"owner": "swarl-eval"}))  # as the evaluation writes it
+    after = evaluated(ev / "after-heldout")
+    assert after == {"episodes": 8, "share": 0.75, "half_width": after["half_width"], "read_but_failed": 0.125}
+    assert episodes(ev / "after-heldout") == []
+    assert set(evaluations(ev)) == {"after-heldout", "before-heldout"} and evaluations(tmp_path / "none") == {}
+    rl = [{"seed": s, "splits": {}, "eval_choice": {"before-heldout": {"share": 0.5}, "after-heldout": {"share": 0.7 + 0.01 * s},
+                                                    "sft-heldout": {"share": 0.5}}} for s in range(3)]
+    sh = [{"seed": s, "splits": {}, "eval_choice": {"after-heldout": {"share": 0.5 + 0.01 * s}}} for s in range(3)]
+    agg = aggregate(rl, sh)
+    row = agg["eval_choice"]["heldout"]
+    assert row["before"]["mean"] == 0.5 and row["rl"]["mean"] == 0.71 and row["shuffled"]["mean"] == 0.51
+    assert "| held-out combinations | 0.500 [0.500, 0.500] | 0.710 [" in markdown(agg, {"how": "synthetic"})
