@@ -3,8 +3,10 @@ mean of 5 steps, chance 0.5), the policy's entropy, the KL each step's updates m
 and the gradient norm (the largest of the step's updates), from each run's metrics.jsonl; the
 share of train episodes whose edit searched for what their inspection showed (the choice that
 decides the generated suite's outcome: swe.tasks.generated.edit_reads_line), per 10 policy
-versions with its 95% interval, from the run's trajectories (swarl.demo.choice); and each run's before/after
-held-out rate from its result.json.
+versions with its 95% interval, from the run's trajectories (swarl.demo.choice); and the share of those whose
+command then failed (garbled after the choice); the choice in the held-out evaluation before and
+after (learning.json's eval_choice), and each run's before/after held-out rate from its
+result.json.
 
     .venv/bin/python benchmarks/demo_runs_compare.py --out benchmarks/demo_runs.png \\
         "default, 5 min=runs/demo-A" "lr 3e-4, no KL, 12 min=runs/demo-B" ...
@@ -30,6 +32,10 @@ def load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"]), (json.loads(res.read_text()) if res.exists() else {})
 
 
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="LABEL=RUN_DIR")
@@ -40,42 +46,61 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
-    print("| run | learner steps | held-out before → after (change, 95% interval) | edit reads the line: "
-          f"first {BIN} versions → last full {BIN} | largest update KL | largest grad norm |")
-    print("|---|---|---|---|---|---|")
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7.6))
+    ax = axes.flatten()
+    print("| run | learner steps | resolve rate per step, steps 1-10 → last 10 | held-out before → after "
+          "(change, 95% interval) | held-out, edit reads the line (evaluation) before → after | train "
+          f"episodes, edit reads the line: first {BIN} versions → last full {BIN} | read the line, command "
+          "failed (last full bin) | update KL p50 / max | largest grad norm | updates cut (spike clip / "
+          "trust region) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for spec in a.runs:
         label, _, d = spec.partition("=")
-        rows, res = load(Path(d))
+        run = Path(d)
+        rows, res = load(run)
         xs = [r["step"] for r in rows]
-        for ax, key, fn in ((axes[0], "resolve_rate", running_mean), (axes[1], "entropy", None),
-                            (axes[2], "update_kl", None), (axes[3], "grad_norm_max", None)):
+        for i, key, fn in ((0, "resolve_rate", running_mean), (1, "entropy", None),
+                           (2, "update_kl", None), (3, "grad_norm_max", None)):
             ys = [float(r.get(key, float("nan"))) for r in rows]
-            ax.plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
-        ch = choices(Path(d) / "trajectories")
-        if ch:
+            ax[i].plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
+        ch = choices(run / "trajectories")
+        sm = summary(run / "trajectories")  # its last bin: the last full one
+        if ch and sm:
             pts = [(v + BIN / 2, *share(xs)) for v, xs in ch.items()]
-            axes[4].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
-                             label=label, lw=1.2, capsize=2)
-        sm = summary(Path(d) / "trajectories")  # its last bin: the last full one
-        first, last = (((sm["first"]["share"], sm["first"]["half_width"]), (sm["last"]["share"], sm["last"]["half_width"]))
-                       if sm else ((float("nan"),) * 2,) * 2)
+            line = ax[4].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                                  label=label, lw=1.2, capsize=2)
+            ax[5].plot([b["versions"][0] + BIN / 2 for b in sm["bins"]], [b["read_but_failed"] for b in sm["bins"]],
+                       label=label, lw=1.2, color=line.lines[0].get_color())
+        ev = json.loads((run / "learning.json").read_text()).get("eval_choice", {}) if (run / "learning.json").exists() else {}
+        if not ev:
+            from swarl.demo.choice import evaluations
+
+            ev = evaluations(run / "eval")
+        rr = [float(r.get("resolve_rate", float("nan"))) for r in rows]
+        ukl = sorted(float(r.get("update_kl", 0.0)) for r in rows)
         ci = res.get("heldout_change_ci", [float("nan")] * 2)
-        print(f"| {label} | {len(rows)} | {res.get('heldout_before', float('nan')):.3f} → "
-              f"{res.get('heldout_after', float('nan')):.3f} ({res.get('heldout_change', float('nan')):+.3f}, "
-              f"[{ci[0]:+.3f}, {ci[1]:+.3f}]) | {first[0]:.2f} ± {first[1]:.2f} → {last[0]:.2f} ± {last[1]:.2f} | {max((r.get('update_kl', 0.0) for r in rows), default=0):.3g} | "
-              f"{max((r.get('grad_norm_max', 0.0) for r in rows), default=0):.3g} |")
-    axes[0].axhline(0.5, color="#d1495b", ls="--", lw=1, label="chance")
-    axes[0].set(title="train resolve rate (running mean of 5)", ylim=(-0.02, 1.02))
-    axes[1].set(title="entropy (per loss token)")
-    axes[2].set(title="update KL (log)", yscale="log")
-    axes[3].set(title="grad norm, largest update (log)", yscale="log")
-    axes[4].axhline(0.5, color="#d1495b", ls="--", lw=1)
-    axes[4].set(title=f"edit reads the line (train episodes, per {BIN} versions)", ylim=(-0.02, 1.02))
-    for ax in axes[:4]:
-        ax.set_xlabel("learner step")
-    axes[4].set_xlabel("policy version")
-    axes[0].legend(fontsize=7)
+        ev_b, ev_a = ev.get("before-heldout", {}).get("share"), ev.get("after-heldout", {}).get("share")
+        print(f"| {label} | {len(rows)} | {sum(rr[:10]) / max(1, len(rr[:10])):.2f} → {sum(rr[-10:]) / max(1, len(rr[-10:])):.2f} | "
+              f"{res.get('heldout_before', float('nan')):.3f} → {res.get('heldout_after', float('nan')):.3f} "
+              f"({res.get('heldout_change', float('nan')):+.3f}, [{ci[0]:+.3f}, {ci[1]:+.3f}]) | {_f(ev_b)} → {_f(ev_a)} | "
+              + (f"{sm['first']['share']:.2f} ± {sm['first']['half_width']:.2f} → {sm['last']['share']:.2f} ± "
+                 f"{sm['last']['half_width']:.2f} | {sm['last']['read_but_failed']:.2f} | " if sm else "- | - | ")
+              + f"{ukl[len(ukl) // 2] if ukl else 0:.2g} / {ukl[-1] if ukl else 0:.2g} | "
+              f"{max((r.get('grad_norm_max', 0.0) for r in rows), default=0):.3g} | "
+              f"{sum(r.get('spike_clipped', 0.0) for r in rows):.0f} / {sum(r.get('update_backtracked', 0.0) for r in rows):.0f} |")
+    ax[0].axhline(0.5, color="#d1495b", ls="--", lw=1, label="chance")
+    ax[0].set(title="train resolve rate (running mean of 5)", ylim=(-0.02, 1.02))
+    ax[1].set(title="entropy (per loss token)")
+    ax[2].set(title="update KL (log)", yscale="log")
+    ax[3].set(title="grad norm, largest update (log)", yscale="log")
+    ax[4].axhline(0.5, color="#d1495b", ls="--", lw=1)
+    ax[4].set(title=f"edit reads the line (train episodes, per {BIN} versions)", ylim=(-0.02, 1.02))
+    ax[5].set(title="read the line, but the command failed", ylim=(-0.01, 0.5))
+    for x in ax[:4]:
+        x.set_xlabel("learner step")
+    for x in ax[4:]:
+        x.set_xlabel("policy version")
+    ax[0].legend(fontsize=7)
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=90)
