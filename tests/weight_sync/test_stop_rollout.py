@@ -48,12 +48,15 @@ async def test_a_clean_stop_finishes_the_last_rollout_and_a_crash_does_not_wait(
     assert await all_at(registry, 1, 1)
 
     # not a clean stop (the learner failed): the coordinator stops at once, the server stays
-    # at the version it has, and the next publisher brings it forward
+    # at the version it has, and the next publisher brings it forward. The episode stays pinned
+    # for 10 s: a close that waited for it would take about that; one that does not takes well
+    # under 5 s even on a loaded machine (3 s was seen under CI's load with a 3 s pin)
     pub = publisher_factory(ws_cfg)
-    released = await publish_while_pinned(pub, 2, hold_s=3)
+    released = await publish_while_pinned(pub, 2, hold_s=10)
     t0 = time.monotonic()
     await pub.close()
-    assert time.monotonic() - t0 < 2.5
+    closed_s = time.monotonic() - t0
+    assert closed_s < 5, closed_s
     assert await _version(srv.url) == "1"
     await released
     pub = publisher_factory(ws_cfg)
