@@ -1,6 +1,7 @@
-"""The choice that decides a generated task, measured on a run's own training episodes: the
-share of train episodes whose `sed` edit searched for what their inspection printed
-(swe.tasks.generated.edit_reads_line), per bin of policy versions.
+"""The choice that decides a generated task, read from a run's episodes: the share of train
+episodes whose `sed` edit searched for what their inspection printed
+(swe.tasks.generated.edit_reads_line), per bin of policy versions; the same share in each
+evaluation (one policy); and how many of the right choices came in a command that then failed.
 
 The before/after evaluations of a demo run (64 episodes a split, clustered by 4 families) give
 95% intervals of about ±0.4 on a change; a run's training episodes (~30 a policy version) show
