@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.metrics_log import EVAL_VERSION, read_metrics
-from swarl.demo.choice import BIN, choices, share, summary
+from swarl.demo.choice import BIN, summary
 from swarl.demo.report import running_mean
 
 
@@ -63,13 +63,12 @@ def main() -> None:
                            (2, "update_kl", None), (3, "grad_norm_max", None)):
             ys = [float(r.get(key, float("nan"))) for r in rows]
             ax[i].plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
-        ch = choices(run / "trajectories")
         sm = summary(run / "trajectories")  # its last bin: the last full one
-        if ch and sm:
-            pts = [(v + BIN / 2, *share(xs)) for v, xs in ch.items()]
-            line = ax[4].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+        if sm:
+            xs_v = [b["versions"][0] + BIN / 2 for b in sm["bins"]]
+            line = ax[4].errorbar(xs_v, [b["share"] for b in sm["bins"]], yerr=[b["half_width"] for b in sm["bins"]],
                                   label=label, lw=1.2, capsize=2)
-            ax[5].plot([b["versions"][0] + BIN / 2 for b in sm["bins"]], [b["read_but_failed"] for b in sm["bins"]],
+            ax[5].plot(xs_v, [b["read_but_failed"] for b in sm["bins"]],
                        label=label, lw=1.2, color=line.lines[0].get_color())
         ev = json.loads((run / "learning.json").read_text()).get("eval_choice", {}) if (run / "learning.json").exists() else {}
         if not ev:

@@ -66,11 +66,7 @@ def evaluated(eval_dir: Path) -> dict[str, Any] | None:
     """The choice in one evaluation (`<run>/eval/<name>-<split>`, one policy): the share of its
     episodes whose edit read the line, its 95% half-width, and read_but_failed; None without any."""
     eps = [(r, bool(edit_failed(m))) for _, m in _read(eval_dir) if (r := edit_reads_line(m)) is not None]
-    if not eps:
-        return None
-    p, hw = share([r for r, _ in eps])
-    return {"episodes": len(eps), "share": round(p, 4), "half_width": round(hw, 4),
-            "read_but_failed": round(sum(r and f for r, f in eps) / len(eps), 4)}
+    return _stats(eps) if eps else None
 
 
 def evaluations(eval_root: Path) -> dict[str, dict[str, Any]]:
@@ -82,20 +78,19 @@ def evaluations(eval_root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def choices(traj_dir: Path, bin_size: int = BIN) -> dict[int, list[bool]]:
-    """Per bin of `bin_size` policy versions (keyed by its first version): whether each episode's
-    edit read the line."""
-    by: dict[int, list[bool]] = {}
-    for version, reads, _ in episodes(traj_dir):
-        by.setdefault(version // bin_size * bin_size, []).append(reads)
-    return dict(sorted(by.items()))
-
-
 def share(xs: list[bool]) -> tuple[float, float]:
     """The share and its 95% normal-approximation half-width (episodes taken as independent:
     the two of one instance are not quite, so it is a little narrow)."""
     p = sum(xs) / len(xs)
     return p, 1.96 * (p * (1 - p) / len(xs)) ** 0.5
+
+
+def _stats(eps: list[tuple[bool, bool]]) -> dict[str, Any]:
+    """Of (read the line, command failed) pairs: their number, the share that read the line with
+    its 95% half-width, and the share that read it but failed."""
+    p, hw = share([r for r, _ in eps])
+    return {"episodes": len(eps), "share": round(p, 4), "half_width": round(hw, 4),
+            "read_but_failed": round(sum(r and f for r, f in eps) / len(eps), 4)}
 
 
 def summary(traj_dir: Path, bin_size: int = BIN) -> dict[str, Any] | None:
@@ -108,12 +103,7 @@ def summary(traj_dir: Path, bin_size: int = BIN) -> dict[str, Any] | None:
         by.setdefault(version // bin_size * bin_size, []).append((reads, failed))
     if not by:
         return None
-    bins: list[dict[str, Any]] = []
-    for v, eps in sorted(by.items()):
-        p, hw = share([r for r, _ in eps])
-        bins.append({"versions": [v, v + bin_size - 1], "episodes": len(eps), "share": round(p, 4),
-                     "half_width": round(hw, 4),
-                     "read_but_failed": round(sum(r and f for r, f in eps) / len(eps), 4)})
+    bins = [{"versions": [v, v + bin_size - 1], **_stats(eps)} for v, eps in sorted(by.items())]
     mean_n = sum(b["episodes"] for b in bins) / len(bins)
     last = bins[-1] if bins[-1]["episodes"] >= mean_n / 2 or len(bins) == 1 else bins[-2]
     return {"bin": bin_size, "bins": bins, "first": bins[0], "last": last,
