@@ -9,6 +9,10 @@ gets the same ones and a benchmark can reproduce them.
 
 The episode key is the request's `rid` without its last `:<turn>` part: the actors send
 `<job_id>:<turn>` (actors/episode.py), so every turn of one job shares one key.
+
+A task row may fix its own episodes' draw instead (`swarl_latency: {"turns": 8, "token_s": 0.2}`,
+ROW_FIELD): a test that needs one slow group beside fast ones builds that layout rather than
+searching for a seed whose draws happen to give it.
 """
 
 from __future__ import annotations
@@ -35,10 +39,35 @@ class LatencyProfile(BaseModel):
     seed: int = Field(0, description="Seed of the draws (with the episode key).")
 
 
+ROW_FIELD = "swarl_latency"
+
+
 @dataclass(frozen=True)
 class EpisodeDraw:
     turns: int
     token_s: float
+
+
+class RowDraw(BaseModel):
+    """A row's own draw (ROW_FIELD), for every episode of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: int = Field(ge=1)
+    token_s: float = Field(ge=0)
+
+
+def row_draw(row: dict | None) -> EpisodeDraw | None:
+    """The draw a task row fixes for its episodes (ROW_FIELD), or None; a bad one names the
+    field (pydantic's message, prefixed with ROW_FIELD)."""
+    spec = (row or {}).get(ROW_FIELD)
+    if spec is None:
+        return None
+    try:
+        d = RowDraw.model_validate(spec)
+    except ValueError as e:
+        raise ValueError(f"{ROW_FIELD}: {e}") from None
+    return EpisodeDraw(d.turns, d.token_s)
 
 
 def episode_key(rid: str | None) -> str:
@@ -66,13 +95,14 @@ class LatencyLog:
         self.profile = profile
         self.episodes: dict[str, dict[str, float]] = {}
 
-    def draw(self, rid: str | None) -> EpisodeDraw:
-        return draw(self.profile, episode_key(rid))
+    def draw(self, rid: str | None, row: dict | None = None) -> EpisodeDraw:
+        """The draw of request `rid`'s episode: its task row's own (ROW_FIELD), else the profile's."""
+        return row_draw(row) or draw(self.profile, episode_key(rid))
 
-    def delay_s(self, rid: str | None, n_tokens: int) -> float:
-        """Seconds to wait before answering `n_tokens` for request `rid` (recorded)."""
+    def delay_s(self, rid: str | None, n_tokens: int, row: dict | None = None) -> float:
+        """Seconds to wait before answering `n_tokens` for request `rid` of task `row` (recorded)."""
         key = episode_key(rid)
-        d = self.draw(rid).token_s * n_tokens
+        d = self.draw(rid, row).token_s * n_tokens
         ep = self.episodes.setdefault(key, {"delay_s": 0.0, "answers": 0})
         ep["delay_s"] += d
         ep["answers"] += 1

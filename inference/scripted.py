@@ -123,7 +123,7 @@ class ScriptedPolicy:
         # A row may pick its own script (tests mix resolved and wrong episodes on one server).
         mode = str((inst or {}).get("swarl_scripted_mode") or self.mode)
         if self.latency is not None:
-            extra = max(0, self.latency.draw(rid).turns - script_length(mode, inst))
+            extra = max(0, self.latency.draw(rid, inst).turns - script_length(mode, inst))
             text = (_turn("Let me look around first.", "ls") if turn < extra
                     else script_turn(mode, inst, turn - extra, self.sleep_s))
         else:
@@ -251,7 +251,8 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
             g = policy.answer(ids, max_new_tokens, rid or None)
         aborted = False
         if policy.latency is not None and judge is None:
-            aborted = await _unless_cut(policy.latency.delay_s(rid or None, len(g.ids)), cut[0])
+            inst, _ = policy.locate(ids)  # a row may fix its own draw (inference.latency.ROW_FIELD)
+            aborted = await _unless_cut(policy.latency.delay_s(rid or None, len(g.ids), inst), cut[0])
         if not aborted and judge is None:
             await go.wait()  # paused in flight (retract): answered once continued
         finish = ({"type": "stop", "matched": policy.eos_id} if g.finish == "stop"

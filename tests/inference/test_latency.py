@@ -8,7 +8,7 @@ import statistics
 import pytest
 from pydantic import ValidationError
 
-from inference.latency import LatencyLog, LatencyProfile, draw, episode_key
+from inference.latency import ROW_FIELD, EpisodeDraw, LatencyLog, LatencyProfile, draw, episode_key
 
 
 def test_episode_key_drops_the_turn() -> None:
@@ -51,3 +51,16 @@ def test_a_bad_profile_names_the_field() -> None:
         LatencyProfile(token_s_sigma=-1)
     with pytest.raises(ValidationError, match="surprise"):
         LatencyProfile.model_validate({"surprise": 1})
+
+
+def test_a_row_fixes_its_own_draw_and_a_bad_one_names_the_field() -> None:
+    log = LatencyLog(LatencyProfile(token_s_median=0.01, token_s_sigma=0.0, turns_sigma=0.0, turns_median=2))
+    row = {"instance_id": "slow", ROW_FIELD: {"turns": 8, "token_s": 0.2}}
+    assert log.draw("ep:0", row) == EpisodeDraw(8, 0.2)
+    plain = log.draw("ep:0", {"instance_id": "plain"})
+    assert plain == log.draw("ep:0") and plain.turns == 2 and plain.token_s == pytest.approx(0.01)
+    assert log.delay_s("ep:0", 10, row) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=f"(?s){ROW_FIELD}.*token_s"):
+        log.draw("ep:0", {ROW_FIELD: {"turns": 8, "token_s": -1}})
+    with pytest.raises(ValueError, match=f"(?s){ROW_FIELD}.*surprise"):
+        log.draw("ep:0", {ROW_FIELD: {"turns": 8, "token_s": 0.1, "surprise": 1}})
