@@ -7,34 +7,17 @@ same for `swarl scripted-policy serve`; `cpu_server` is one CPU server on `tiny_
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 
 from inference.local_server import CpuServerHandle, start_cpu_server, start_scripted_server
 
 __all__ = ["CpuServerHandle", "cpu_server", "cpu_server_factory", "entry", "start_cpu_server", "wait_for"]
-
-
-async def wait_for(cond: Callable[[], Any], within_s: float = 20.0, every: float = 0.1) -> Any:
-    """Poll `cond()` (plain or async) until it gives something true (returned), at most
-    `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s:.0f}s")
-        await asyncio.sleep(every)
 
 
 def entry(servers: Any, server_id: str, check: Callable[[Any], bool]) -> Callable[[], Awaitable[bool]]:

@@ -7,13 +7,13 @@ destroyed; a grading container is never a reused one."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import docker
 import docker.errors
 import httpx
 import pytest
 from fixtures_envd import GOOD_PATCH
+from polling import wait_until
 from test_envd_evaluate import INSTANCE
 
 pytestmark = pytest.mark.docker
@@ -86,22 +86,10 @@ def _run(api: httpx.Client, cid: str, command: str) -> str:
     return str(out["output"])
 
 
-def _settled(read: Callable[[], str], want: str, timeout: float = 10.0) -> bool:
-    """Whether `read()` equals `want` within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while (got := read()) != want:
-        if time.monotonic() > deadline:
-            print(f"last read:\n{got}\nwanted:\n{want}")
-            return False
-        time.sleep(0.5)
-    return True
-
-
 def _resets_done(api: httpx.Client, before: float, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _metric(api, "envd_reuse_resets_total", "ok") + _metric(api, "envd_reuse_resets_total", "failed") <= before:
-        assert time.monotonic() < deadline, "the reset did not end"
-        time.sleep(0.2)
+    def resets() -> float:
+        return _metric(api, "envd_reuse_resets_total", "ok") + _metric(api, "envd_reuse_resets_total", "failed")
+    wait_until(lambda: resets() > before, timeout, "the reset to end")
 
 
 def _release(api: httpx.Client, cid: str) -> None:
@@ -128,7 +116,13 @@ def test_a_reset_container_holds_nothing_of_its_episode(api, test_image):
     assert _run(api, again, REPO_STATE) == clean  # the base commit, .git included: no commit, config or hook
     # docker-init and sleep infinity: an earlier exec's shells can still be exiting for a moment on
     # a loaded machine (seen once in CI), an episode's survivor stays for good
-    assert _settled(lambda: _run(api, again, PROCS), procs), "a process of the episode survived the reset"
+    seen: list[str] = []
+
+    def only_init() -> bool:
+        seen.append(_run(api, again, PROCS))
+        return seen[-1] == procs
+    wait_until(only_init, 10, every=0.5,
+               what=lambda: f"the episode's processes to be gone after the reset; last:\n{seen[-1]}\nwanted:\n{procs}")
     _run(api, again, "git status --porcelain && test -z \"$(git status --porcelain)\"")
     # git ran in the repository above: had the reset (or this) run the episode's config or hook
     assert _run(api, again, "ls -A /tmp").split() == []

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from envd.client import EnvdClient, EnvError
@@ -25,12 +26,6 @@ def metric(svc, name: str, **labels: str) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
-
-
-def wait_until(cond, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def node_images(svc) -> set[str]:
@@ -174,7 +169,7 @@ async def test_the_budget_evicts_the_lru_unused_image_never_one_in_use(image_nod
             lease = await client.allocate(image, "t")
             await client.close(lease.lease_id)
         # four images > 3.5: after newest's pull exactly one goes, the LRU one nobody uses
-        wait_until(lambda: metric(a, "envd_image_evictions_total") >= 1, 30)
+        wait_until(lambda: metric(a, "envd_image_evictions_total") >= 1, 30, "the first eviction")
         await asyncio.sleep(1)  # a second eviction, if any, would come now
         assert metric(a, "envd_image_evictions_total") == 1
         assert node_images(a) >= {keep, in_use, newest} and lru not in node_images(a)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from polling import wait_until
 
 from broker.keys import ARQ_IN_PROGRESS_PREFIX, Keys
 from common.procs import Child
@@ -55,17 +56,13 @@ def spawn(args: list[str], log: Path, env: dict[str, str]) -> Child:
 
 
 def wait_for(pred, timeout: float, what: str, procs: list[Child]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
+    """polling.wait_until, failing at once with its log when a child process exits."""
+    def alive() -> None:
         for p in procs:
             if p.proc.poll() is not None:
                 raise AssertionError(f"{p.proc.args[:3]} exited {p.proc.returncode} while waiting "
                                      f"for {what}:\n{p.log()[-3000:]}")
-        time.sleep(0.2)
-    logs = "\n".join(p.log()[-2000:] for p in procs)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+    wait_until(pred, timeout, lambda: what + "\n" + "\n".join(p.log()[-2000:] for p in procs), check=alive)
 
 
 def test_actor_joins_and_leaves_mid_run(redis_url, pool_server, test_image, tiny_model_dir, tmp_path):

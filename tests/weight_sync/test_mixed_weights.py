@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ws_helpers import API_KEY, all_at, expected_checksum, server_checksum, wait_for
+from polling import wait_for
+from ws_helpers import API_KEY, all_at, expected_checksum, server_checksum
 
 from broker.registry import ServerRegistry
 from inference.client import SGLangClient

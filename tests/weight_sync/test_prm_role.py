@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ws_helpers import API_KEY, expected_checksum, learner_tensors, server_checksum, wait_for
+from polling import wait_for
+from ws_helpers import API_KEY, expected_checksum, learner_tensors, server_checksum
 
 from broker.registry import ServerRegistry
 

@@ -4,7 +4,8 @@ coordinator (no servers needed: retention runs on every coordinator pass)."""
 
 from __future__ import annotations
 
-from ws_helpers import learner_tensors, wait_for
+from polling import wait_for
+from ws_helpers import learner_tensors
 
 from broker.evals import EvalBoard
 from weight_sync import checkpoints, make_publisher

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
+from polling import wait_for
 from ws_helpers import (
     API_KEY,
     all_at,
     expected_checksum,
     learner_tensors,
     server_checksum,
-    wait_for,
 )
 
 from broker.registry import PolicyRegistry, ServerRegistry

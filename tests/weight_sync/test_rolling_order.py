@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ws_helpers import all_at, learner_tensors, wait_for
+from polling import wait_for
+from ws_helpers import all_at, learner_tensors
 
 from broker.registry import ServerRegistry
 from weight_sync.transports.disk import DiskTransport

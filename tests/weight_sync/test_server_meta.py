@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from ws_helpers import all_at, expected_checksum, learner_tensors, server_checksum, wait_for
+from polling import wait_for
+from ws_helpers import all_at, expected_checksum, learner_tensors, server_checksum
 
 from broker.registry import ServerMeta, ServerRegistry
 

@@ -9,7 +9,8 @@ import asyncio
 import time
 
 import httpx
-from ws_helpers import API_KEY, all_at, learner_tensors, wait_for
+from polling import wait_for
+from ws_helpers import API_KEY, all_at, learner_tensors
 
 from broker.registry import ServerRegistry
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from polling import wait_for
 from ws_helpers import (
     API_KEY,
     all_at,
     expected_checksum,
     learner_tensors,
     server_checksum,
-    wait_for,
 )
 
 from broker.registry import ServerRegistry

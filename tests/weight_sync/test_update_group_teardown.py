@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from ws_helpers import wait_for
+from polling import wait_for
 
 from weight_sync import update_group
 from weight_sync.update_group import NONBLOCKING_TIMEOUT_ENV, UpdateGroup, nccl_setup_bound

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +44,5 @@ async def all_at(servers: Any, n: int, version: int) -> bool:
     """Exactly n live servers, every one ready at `version` (servers: a ServerRegistry)."""
     infos = await servers.list(alive_only=True)
     return len(infos) == n and all(s.state == "ready" and s.version == version for s in infos)
-
-
-async def wait_for(pred: Callable[[], Any], limit_s: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        res = pred()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return res
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
