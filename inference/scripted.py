@@ -29,7 +29,7 @@ from broker.keys import Keys
 from broker.registry import ServerMeta
 from inference.api_schema import add_api_key
 from inference.generation import Generation
-from inference.latency import LatencyLog, LatencyProfile, episode_key
+from inference.latency import LatencyLog, LatencyProfile, episode_key, row_draw
 from inference.membership import Membership
 from inference.openai_api import OpenAIBackend, OpenAIError, add_openai_routes
 
@@ -104,6 +104,11 @@ class ScriptedPolicy:
         self.sleep_s = sleep_s
         # with a latency profile: exploration turns before the script, a delay per answer
         self.latency = LatencyLog(latency) if latency is not None else None
+        for row in self.tasks:  # a row's own draw is checked at start, not at its first answer
+            try:
+                row_draw(row)
+            except ValueError as e:
+                raise ValueError(f"task {row.get('instance_id')!r}: {e}") from None
 
     def locate(self, input_ids: list[int]) -> tuple[dict[str, Any] | None, int]:
         text = self.tok.decode(input_ids, skip_special_tokens=False)

@@ -64,3 +64,15 @@ def test_a_row_fixes_its_own_draw_and_a_bad_one_names_the_field() -> None:
         log.draw("ep:0", {ROW_FIELD: {"turns": 8, "token_s": -1}})
     with pytest.raises(ValueError, match=f"(?s){ROW_FIELD}.*surprise"):
         log.draw("ep:0", {ROW_FIELD: {"turns": 8, "token_s": 0.1, "surprise": 1}})
+
+
+def test_a_scripted_server_refuses_a_bad_row_draw_at_start(tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from inference.scripted import ScriptedPolicy
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    bad = {"instance_id": "slow-1", ROW_FIELD: {"turns": 0, "token_s": 0.2}}
+    with pytest.raises(ValueError, match=f"(?s)task 'slow-1'.*{ROW_FIELD}.*turns"):
+        ScriptedPolicy(tok, tasks=[bad], latency=LatencyProfile())
+    ScriptedPolicy(tok, tasks=[{**bad, ROW_FIELD: {"turns": 1, "token_s": 0.2}}], latency=LatencyProfile())
