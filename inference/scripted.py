@@ -124,7 +124,11 @@ class ScriptedPolicy:
         return None, turn
 
     def answer(self, input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> Generation:
-        inst, turn = self.locate(input_ids)
+        return self.answer_for(*self.locate(input_ids), max_new_tokens, rid)
+
+    def answer_for(self, inst: dict[str, Any] | None, turn: int, max_new_tokens: int,
+                   rid: str | None = None) -> Generation:
+        """`answer` for a prompt already located (the server also needs the row: its delay)."""
         # A row may pick its own script (tests mix resolved and wrong episodes on one server).
         mode = str((inst or {}).get("swarl_scripted_mode") or self.mode)
         if self.latency is not None:
@@ -246,6 +250,7 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
     async def native(ids: list[int], max_new_tokens: int, rid: str = "") -> dict[str, Any]:
         """One answer in /generate's shape: the script's turn, or (judge mode) a vote."""
         t0 = time.monotonic()
+        inst: dict[str, Any] | None = None
         if judge is not None:
             text = await judge.answer(policy.tok.decode(ids, skip_special_tokens=False))
             g = Generation([*policy.tok(text, add_special_tokens=False)["input_ids"], policy.eos_id],
@@ -253,10 +258,10 @@ def create_app(policy: ScriptedPolicy, api_key: str | None, model_path: str = ""
             g.logprobs = [SCRIPTED_LOGPROB] * len(g.ids)
         else:
             await go.wait()
-            g = policy.answer(ids, max_new_tokens, rid or None)
+            inst, turn = policy.locate(ids)
+            g = policy.answer_for(inst, turn, max_new_tokens, rid or None)
         aborted = False
-        if policy.latency is not None and judge is None:
-            inst, _ = policy.locate(ids)  # a row may fix its own draw (inference.latency.ROW_FIELD)
+        if policy.latency is not None and judge is None:  # a row may fix its own draw (ROW_FIELD)
             aborted = await _unless_cut(policy.latency.delay_s(rid or None, len(g.ids), inst), cut[0])
         if not aborted and judge is None:
             await go.wait()  # paused in flight (retract): answered once continued
