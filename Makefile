@@ -7,9 +7,10 @@ setup:
 demo: setup
 	.venv/bin/swarl demo $(ARGS)
 
-# does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run;
-# writes benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section (an estimated ~2 h
-# on 2 idle cores; ARGS="--seeds 0,1" to shorten)
+# does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run,
+# 90 learner steps an arm with the trust region (benchmarks/demo_learning.py DESIGN); writes
+# benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section. ~85 min a seed on 2 idle
+# cores (~7 h for 5); ARGS="--seeds 0,1" to shorten, ARGS="--from-run runs/X" to record seeds already run
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
 

@@ -6,14 +6,16 @@ learning.json and the aggregate), benchmarks/demo_learning.png, a section in
 benchmarks/RESULTS.md, and the generated "Measured" section of docs/demo.md. The goals it is
 judged by are fixed in docs/demo.md ("Goals") and swarl/demo/report.py (GOALS).
 
-    .venv/bin/python benchmarks/demo_learning.py                 # seeds 0-4 on the demo defaults
-    .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --minutes 3 -- --set learner.lr=4e-4
+    .venv/bin/python benchmarks/demo_learning.py                 # seeds 0-4, the proof's design (DESIGN)
+    .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --steps 30 -- --set learner.lr=4e-4
     .venv/bin/python benchmarks/demo_learning.py --report-only   # re-render from demo_learning.json
-    .venv/bin/python benchmarks/demo_learning.py --from-run runs/X -- --warm-seed 0
-        # record a finished `swarl demo --seeds ... --run-dir runs/X` (the arguments it ran with
-        # after --, for the record's command line)
+    .venv/bin/python benchmarks/demo_learning.py --from-run runs/X --steps 90 --minutes 45
+        # record a finished `swarl demo --seeds ... --run-dir runs/X` run with DESIGN (arguments
+        # after -- that it ran with besides, for the record; every arm's config must agree with
+        # the --set values, else it refuses)
 
-Arguments after `--` go to `swarl demo` as they are. The last line is one JSON object.
+Every `swarl demo` call gets DESIGN first, then the arguments after `--` as they are (a later
+`--set` of the same key, or `--handwritten`, wins). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from swarl.demo.choice import evaluations as choice_evaluations  # noqa: E402
 from swarl.demo.choice import summary as choice_summary  # noqa: E402
 from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
 
+# The proof's design (docs/demo.md "The trust region on seed 0"): one warm start for every seed,
+# 2 updates of 16 episodes a step, the gradient-spike clip and the per-update trust region; 90
+# steps an arm (main's defaults). The hand-written suite has no goal: not evaluated.
+DESIGN = ("--warm-seed", "0", "--no-handwritten", "--set", "admission.batch_size=32", "--set", "learner.minibatches=2",
+          "--set", "learner.spike_clip=3", "--set", "learner.max_update_kl=0.01")
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
 OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
 DOC = ROOT / "docs" / "demo.md"
@@ -57,6 +64,38 @@ def _wall_minutes(run_dir: Path) -> float | None:
         return None
     return round(sum((d / "result.json").stat().st_mtime - (d / "config.yaml").stat().st_mtime
                      for d in arms) / 60, 1)
+
+
+def _sets(args: list[str] | tuple[str, ...]) -> dict[str, str]:
+    return {args[i + 1].split("=", 1)[0]: args[i + 1].split("=", 1)[1]
+            for i, x in enumerate(args[:-1]) if x == "--set" and "=" in args[i + 1]}
+
+
+def _same(a: object, b: object) -> bool:
+    """A config value against a --set one: numbers by value (3 and 3.0; "2e-4", which YAML leaves a
+    string and the config's schema reads as a number)."""
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        try:
+            return float(a) == float(b)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
+    """Each finished arm's effective config against the `--set` values the record will claim."""
+    import yaml
+
+    why = []
+    for cfg in sorted(run_dir.glob("seed-*/*/config.yaml")):
+        c = yaml.safe_load(cfg.read_text())
+        for key, want in _sets(args).items():
+            node = c
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if not _same(node, yaml.safe_load(want)):
+                why.append(f"{cfg.parent.relative_to(run_dir)}: {key} is {node!r}, not {want}")
+    return why
 
 
 def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
@@ -93,9 +132,7 @@ def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, e
         cmd += ["--steps", str(steps)]
     if train_pool is not None:
         cmd += ["--train-pool", str(train_pool)]
-    if not any(x.startswith("--warm-seed") for x in extra):
-        cmd += ["--warm-seed", "0"]  # one warm start: seeds vary the RL run (and its draws), not the start
-    cmd += extra
+    cmd += [*DESIGN, *extra]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)  # its progress goes to this terminal / log
     return run_dir
@@ -104,9 +141,10 @@ def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, e
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--steps", type=int, default=18, help="learner steps per run (equal compute in every arm; "
-                    "18 is what 5 minutes give on 2 idle cores; 0: --minutes alone)")
-    ap.add_argument("--minutes", type=float, default=20.0, help="training minutes per run, at most")
+    ap.add_argument("--steps", type=int, default=90, help="learner steps per run (equal compute in every arm; "
+                    "an RL arm's 90 take ~40 min on 2 idle cores; 0: --minutes alone)")
+    ap.add_argument("--minutes", type=float, default=45.0, help="training minutes per run, at most (a bound: "
+                    "--steps is the compute)")
     ap.add_argument("--train-pool", type=int, default=None, help="RL's train pool: fresh instances "
                     "(default: the demo's, swarl.demo.run.TRAIN_POOL); 0: the fixed train split (96)")
     ap.add_argument("--report-only", action="store_true", help="re-render from benchmarks/demo_learning.json")
@@ -118,6 +156,8 @@ def main() -> int:
         data = json.loads(OUT_JSON.read_text())
     else:
         t0 = time.monotonic()
+        if a.from_run and (why := settings_disagree(a.from_run, [*DESIGN, *a.demo_args])):
+            raise SystemExit(f"{a.from_run} did not run with these settings:\n  " + "\n  ".join(why))
         run_dir = a.from_run.resolve() if a.from_run else run(a.seeds, a.minutes, a.steps, a.train_pool, a.demo_args)
         data = collect(run_dir, [int(x) for x in a.seeds.split(",") if x])
         if a.from_run:
@@ -127,6 +167,7 @@ def main() -> int:
                         + (f" --minutes {a.minutes:g}" if a.minutes is not None else "")
                         + (f" --train-pool {a.train_pool}" if a.train_pool is not None else "")
                         + (" -- " + " ".join(a.demo_args) if a.demo_args else ""),
+                        "demo_args": [*DESIGN, *a.demo_args],
                         "wall_minutes": (_wall_minutes(run_dir) if a.from_run
                                          else round((time.monotonic() - t0) / 60, 1)),
                         "run_dir": str(run_dir),
@@ -150,7 +191,8 @@ def main() -> int:
                   else " RL trained on the fixed train split (96 instances)." if pools == [0] else "")
     partial = (f" A partial run: the seeds whose every arm finished ({', '.join(map(str, agg['seeds']))})."
                if data.get("partial") else "")
-    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{wall}: {budget} "
+    design = (f"; every `swarl demo` call with `{' '.join(meta['demo_args'])}`" if meta.get("demo_args") else "")
+    how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{design}{wall}: {budget} "
            f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{trained_on}{partial} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
