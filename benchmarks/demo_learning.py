@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))  # the packages before this folder (benchmarks/wei
 from _record import markdown_table, record  # noqa: E402
 from swarl.demo.choice import evaluations as choice_evaluations  # noqa: E402
 from swarl.demo.choice import summary as choice_summary  # noqa: E402
-from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, markdown, plot, write_doc  # noqa: E402
+from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, curves, markdown, plot, write_doc  # noqa: E402
 
 # The proof's design (docs/demo.md "The trust region on seed 0"): one warm start for every seed,
 # 2 updates of 16 episodes a step, the gradient-spike clip and the per-update trust region; 90
@@ -104,6 +104,7 @@ def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
     describes only the last `swarl demo` call into the directory) — reported as the seeds it
     has, never padded; `partial` when they are not the `expected` ones."""
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    metrics: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
     for seed_dir in sorted(run_dir.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
         arms = [seed_dir / arm for arm in ARMS]
         if all((d / "learning.json").is_file() and (d / "result.json").is_file() for d in arms):
@@ -115,12 +116,21 @@ def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
                     learning["eval_choice"] = choice_evaluations(d / "eval")
                 runs[arm].append({**learning,
                                   "result": json.loads((d / "result.json").read_text())})
+                metrics[arm].append(_metrics(d))
     if not runs[ARMS[0]]:
         raise SystemExit(f"{run_dir}: no seed with every arm finished")
     agg = aggregate(runs[ARMS[0]], runs[ARMS[1]])
-    plot(agg, run_dir / "learning-seeds.png")
+    steps = curves(metrics)
+    plot(agg, run_dir / "learning-seeds.png", steps)
     found = [r["seed"] for r in runs[ARMS[0]]]
-    return {"aggregate": agg, "runs": runs, "partial": expected is not None and found != expected}
+    return {"aggregate": agg, "runs": runs, "curves": steps,
+            "partial": expected is not None and found != expected}
+
+
+def _metrics(arm_dir: Path) -> list[dict]:
+    """An arm's learner rows (metrics.jsonl: one per step); none when the run kept no file."""
+    f = arm_dir / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
 
 
 def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, extra: list[str]) -> Path:
@@ -198,8 +208,8 @@ def main() -> int:
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
            f"as the learner took. Every evaluation shares its sampling draws per (task, sample) "
            f"(common random numbers).")
-    if not OUT_PNG.exists():
-        plot(agg, OUT_PNG)
+    if not OUT_PNG.exists() or a.report_only:
+        plot(agg, OUT_PNG, data.get("curves"))
     write_doc(DOC, markdown(agg, {"how": how}))
     rows = [[SPLIT_NAMES[k], s["before"]["mean"], s["after"]["mean"], s["change"]["mean"],
              f"[{s['change']['ci'][0]:+.3f}, {s['change']['ci'][1]:+.3f}]",
@@ -207,6 +217,7 @@ def main() -> int:
              s["sft_change"]["mean"] if s["sft_change"] else "-"] for k, s in agg["splits"].items()]
     summary = {f"{k}_change": s["change"]["mean"] for k, s in agg["splits"].items()}
     summary |= {f"{k}_goal_met": g["met"] for k, g in agg["goals"].items()}
+    summary |= {f"{k}_goal_test_passes": g.get("passes") for k, g in agg["goals"].items()}
     summary["seeds"] = agg["seeds"]
     record("demo_learning", markdown_table(
         ["split", "before", "after", "RL change (mean)", "95% CI (seeds)", "shuffled-reward change", "SFT change"],

@@ -131,6 +131,10 @@ def test_report_and_summary_across_seeds(tmp_path) -> None:
     assert not aggregate(runs, [_run(s, 0.45) for s in range(5)])["goals"]["heldout"]["met"]
     assert not aggregate([_run(s, 0.45, sft_rise=0.45) for s in range(5)], shuffled)["goals"]["heldout"]["met"]
     assert not aggregate(runs)["goals"]["heldout"]["met"]  # without the shuffled control: not shown
+    # fewer seeds than the goal names: the test's outcome is shown, the goal is not met
+    three = aggregate(runs[:3], shuffled[:3])["goals"]["heldout"]
+    assert three["passes"] and not three["met"] and three["seeds"] == 3
+    assert "passes on 3 seeds" in markdown(aggregate(runs[:3], shuffled[:3]), {"how": "synthetic"})
     png = plot(agg, tmp_path / "learning.png")
     assert png.stat().st_size > 10_000
     doc = tmp_path / "demo.md"
@@ -155,3 +159,22 @@ def test_a_marked_section_is_replaced_or_created() -> None:
     assert replace_marked(new, b, e, f"{b}\nnew\n{e}") == new  # idempotent
     assert replace_marked("# doc\n\n", b, e, f"{b}\nz\n{e}", absent="## X\n\n") == f"# doc\n\n## X\n\n{b}\nz\n{e}\n"
     assert replace_marked(f"# doc\n{e}\n", b, e, f"{b}\nz\n{e}").endswith(f"{e}\n\n{b}\nz\n{e}\n")  # an end alone
+
+
+def test_curves_per_arm_over_the_steps_every_seed_reached(tmp_path) -> None:
+    from swarl.demo.report import curves
+
+    def rows(n: int, rate: float, ent: float) -> list[dict]:
+        return [{"step": s, "resolve_rate": rate, "entropy": ent + s, "update_kl": 0.001} for s in range(1, n + 1)]
+
+    c = curves({"rl": [rows(4, 1.0, 0.0), rows(3, 0.0, 1.0)], "shuffled": [rows(3, 0.5, 0.0)]})
+    e = c["rl"]["entropy"]
+    assert c["rl"]["seeds"] == 2 and e["step"] == [1, 2, 3]  # seed 0's step 4: not every seed's
+    assert e["mean"] == [1.5, 2.5, 3.5] and e["lo"] == [1.0, 2.0, 3.0] and e["hi"] == [2.0, 3.0, 4.0]
+    assert c["rl"]["resolve_rate"]["mean"] == [0.5, 0.5, 0.5]
+    assert c["rl"]["zero_spread_groups_frac"]["step"] == []  # a key no row has: no curve
+    smooth = curves({"rl": [[{"step": s, "resolve_rate": float(s % 2)} for s in range(1, 5)]]})
+    assert smooth["rl"]["resolve_rate"]["mean"] == [1.0, 0.5, 2 / 3, 0.5]  # running mean of 5
+    agg = aggregate([_run(s, 0.45) for s in range(3)], [_run(s, 0.0) for s in range(3)])
+    with_steps, without = plot(agg, tmp_path / "a.png", c), plot(agg, tmp_path / "b.png")
+    assert with_steps.stat().st_size > without.stat().st_size > 10_000
