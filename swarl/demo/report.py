@@ -175,7 +175,11 @@ def plot(agg: dict[str, Any], path: Path, steps: dict[str, Any] | None = None) -
     has_steps = bool(steps) and any(v.get("resolve_rate", {}).get("step") for v in (steps or {}).values())
     fig = plt.figure(figsize=(max(4.0 * ncols, 16.0 if has_steps else 0.0), 7.6 + (3.4 if has_steps else 0.0)),
                      layout="constrained")
-    top, bottom = (fig.subfigures(2, 1, height_ratios=[7.6, 3.4]) if has_steps else (fig, None))
+    top: Any = fig
+    bottom: Any = None
+    if has_steps:
+        subs: Any = fig.subfigures(2, 1, height_ratios=[7.6, 3.4])
+        top, bottom = subs[0], subs[1]
     axes = top.subplots(2, ncols, squeeze=False)
     arms = [("change", "RL", "#2a7ab9"), ("shuffled_change", "shuffled rewards", "#d1495b"),
             ("sft_change", "continued SFT", "#9aa5b1")]
