@@ -202,8 +202,13 @@ def main() -> int:
     partial = (f" A partial run: the seeds whose every arm finished ({', '.join(map(str, agg['seeds']))})."
                if data.get("partial") else "")
     design = (f"; every `swarl demo` call with `{' '.join(meta['demo_args'])}`" if meta.get("demo_args") else "")
+    attached = [r for r in results if r.get("sft_control_from")]
+    attached_s = "".join(f" Seed {r['seed']}'s SFT control is that of the {Path(r['sft_control_from']).name} arm of run "
+                         f"runs/{Path(r['sft_control_from']).parent.parent.name}, the same procedure "
+                         f"(benchmarks/demo_attach_sft.py: same seed, steps, warm weights, settings and draws)."
+                         for r in attached)
     how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{design}{wall}: {budget} "
-           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{trained_on}{partial} "
+           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{trained_on}{partial}{attached_s} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
            f"as the learner took. Every evaluation shares its sampling draws per (task, sample) "
