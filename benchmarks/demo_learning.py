@@ -83,11 +83,12 @@ def _same(a: object, b: object) -> bool:
 
 
 def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
-    """Each finished arm's effective config against the `--set` values the record will claim."""
+    """Each finished arm's effective config against the `--set` values the record will claim (an
+    arm still running, or stopped, is not recorded: not read)."""
     import yaml
 
     why = []
-    for cfg in sorted(run_dir.glob("seed-*/*/config.yaml")):
+    for cfg in sorted(c for c in run_dir.glob("seed-*/*/config.yaml") if (c.parent / "result.json").is_file()):
         c = yaml.safe_load(cfg.read_text())
         for key, want in _sets(args).items():
             node = c

@@ -21,6 +21,7 @@ def _arm(run_dir: Path, seed: int, arm: str, **learner: object) -> None:
     cfg = {"admission": {"batch_size": 32},
            "learner": {"minibatches": 2, "spike_clip": 3.0, "max_update_kl": 0.01, "lr": 2e-4, **learner}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "result.json").write_text("{}")
 
 
 def test_a_run_with_the_design_agrees(tmp_path) -> None:
@@ -36,3 +37,5 @@ def test_each_arm_that_ran_otherwise_is_named(tmp_path) -> None:
     assert settings_disagree(tmp_path, list(DESIGN)) == ["seed-1/shuffled: learner.max_update_kl is None, not 0.01"]
     why = settings_disagree(tmp_path, [*DESIGN, "--set", "learner.lr=4e-4"])
     assert len(why) == 3 and sum("learner.lr is 0.0002, not 4e-4" in w for w in why) == 2, why
+    (tmp_path / "seed-1" / "shuffled" / "result.json").unlink()  # not finished: not recorded, not read
+    assert settings_disagree(tmp_path, list(DESIGN)) == []
