@@ -32,18 +32,22 @@ sys.path.insert(0, str(ROOT))
 
 from swarl.demo.choice import evaluations as choice_evaluations  # noqa: E402
 from swarl.demo.choice import summary as choice_summary  # noqa: E402
-from swarl.demo.run import DemoOptions, _outcomes, flat_result, learning_report, task_groups  # noqa: E402
+from swarl.demo.run import (  # noqa: E402
+    Demo,
+    DemoOptions,
+    _outcomes,
+    flat_result,
+    learning_report,
+    read_episodes,
+    task_groups,
+)
 
 # what the control reads of the run's config (swarl.demo.run.Demo.sft_control)
 CONTROL_KEYS = (("admission", "batch_size"), ("learner", "lr"), ("learner", "warmup_steps"))
 
 
 def _episodes(arm: Path, name: str) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for d in sorted((arm / "eval").glob(f"{name}-*")):
-        out[d.name.split("-", 1)[1]] = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines()
-                                        if x.strip()]
-    return out
+    return {d.name.split("-", 1)[1]: read_episodes(d) for d in sorted((arm / "eval").glob(f"{name}-*"))}
 
 
 def _weights_digest(model_dir: Path) -> str:
@@ -69,9 +73,9 @@ def check(rl: Path, src: Path) -> list[str]:
     for a, b in CONTROL_KEYS:
         if rc[a][b] != sc[a][b]:
             why.append(f"{a}.{b}: {rc[a][b]!r} here, {sc[a][b]!r} in the source")
-    rb, sb = _episodes(rl, "before"), _episodes(src, "before")
-    if set(rb) != set(_episodes(src, "sft")):
-        why.append(f"the source's sft evaluations {sorted(_episodes(src, 'sft'))} are not this run's splits {sorted(rb)}")
+    rb, sb, ssft = _episodes(rl, "before"), _episodes(src, "before"), _episodes(src, "sft")
+    if set(rb) != set(ssft):
+        why.append(f"the source's sft evaluations {sorted(ssft)} are not this run's splits {sorted(rb)}")
     for split in rb:
         if _outcomes(rb[split]) != _outcomes(sb.get(split, [])):
             why.append(f"before-{split}: not the same episodes (draws or weights differ)")
@@ -87,8 +91,6 @@ def attach(rl: Path, src: Path, out: Path) -> dict[str, Any]:
     shutil.copytree(src / "model" / "sft-control", out / "model" / "sft-control")
     result = json.loads((rl / "result.json").read_text())
     before, after, sft = _episodes(out, "before"), _episodes(out, "after"), _episodes(out, "sft")
-    from swarl.demo.run import Demo
-
     demo = Demo(DemoOptions(seed=result["seed"], handwritten=False, run_dir=str(out)))
     groups = task_groups([r for sp in before for r in demo.eval_rows(sp)])
     learning = learning_report(before, after, {"sft": sft}, seed=result["seed"], groups=groups)

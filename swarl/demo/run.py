@@ -365,7 +365,7 @@ class Demo:
             out_dir = self.run_dir / "eval" / f"{tag}-{split}"
             summary = await evaluate(rows, target, out_dir, cfg.actor, max_concurrent=self.o.actors * self.o.concurrency,
                                      n_samples=self.o.eval_samples, on_result=on_result, seed=self.o.seed)
-            out[split] = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines() if x.strip()]
+            out[split] = read_episodes(out_dir)
             self.say(f"{tag}: {split} resolve rate {summary['resolve_rate']:.3f} "
                      f"({summary['resolved']}/{summary['episodes']} episodes of {summary['instances']} tasks; "
                      f"errors {summary['errors']}) in {time.monotonic() - t0:.0f}s")
@@ -381,7 +381,7 @@ class Demo:
             if not (src_dir / "results.jsonl").is_file():
                 raise ConfigError(f"before_from: {src_dir / 'results.jsonl'} is missing")
             shutil.copytree(src_dir, dst, dirs_exist_ok=True)
-            out[split] = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines() if x.strip()]
+            out[split] = read_episodes(dst)
         self.say(f"before: the episodes of {src} (same seed, warm start and draws)")
         return out
 
@@ -732,6 +732,11 @@ def task_groups(rows: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     no shape: "-"), for the per-family and per-shape rows and the cluster bootstrap."""
     return {"family": {r["instance_id"]: r.get("swarl_family", "?") for r in rows},
             "shape": {r["instance_id"]: f"{r.get('swarl_family', '?')}:{r.get('swarl_shape', '-')}" for r in rows}}
+
+
+def read_episodes(eval_dir: Path) -> list[dict[str, Any]]:
+    """An evaluation's episodes (its results.jsonl, one JSON object a line)."""
+    return [json.loads(x) for x in (eval_dir / "results.jsonl").read_text().splitlines() if x.strip()]
 
 
 def _outcomes(results: list[dict[str, Any]]) -> list[tuple[str, int, bool]]:
