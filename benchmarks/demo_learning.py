@@ -66,36 +66,22 @@ def _wall_minutes(run_dir: Path) -> float | None:
                      for d in arms) / 60, 1)
 
 
-def _sets(args: list[str] | tuple[str, ...]) -> dict[str, str]:
-    return {args[i + 1].split("=", 1)[0]: args[i + 1].split("=", 1)[1]
-            for i, x in enumerate(args[:-1]) if x == "--set" and "=" in args[i + 1]}
-
-
-def _same(a: object, b: object) -> bool:
-    """A config value against a --set one: numbers by value (3 and 3.0; "2e-4", which YAML leaves a
-    string and the config's schema reads as a number)."""
-    if isinstance(a, (int, float)) and not isinstance(a, bool):
-        try:
-            return float(a) == float(b)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False
-    return a == b
-
-
 def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
     """Each finished arm's effective config against the `--set` values the record will claim (an
-    arm still running, or stopped, is not recorded: not read)."""
-    import yaml
+    arm still running, or stopped, is not recorded: not read): the arm's config.yaml loaded as it
+    is and with those overrides, through the config's own schema, must agree on each key."""
+    from functools import reduce
 
+    from swarl.config import load_config
+
+    sets = [args[i + 1] for i, x in enumerate(args[:-1]) if x == "--set" and "=" in args[i + 1]]
     why = []
     for cfg in sorted(c for c in run_dir.glob("seed-*/*/config.yaml") if (c.parent / "result.json").is_file()):
-        c = yaml.safe_load(cfg.read_text())
-        for key, want in _sets(args).items():
-            node = c
-            for part in key.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            if not _same(node, yaml.safe_load(want)):
-                why.append(f"{cfg.parent.relative_to(run_dir)}: {key} is {node!r}, not {want}")
+        ran, claimed = load_config(cfg, environ={}), load_config(cfg, sets, environ={})
+        for key, want in (x.split("=", 1) for x in sets):
+            value = reduce(getattr, key.split("."), ran)
+            if value != reduce(getattr, key.split("."), claimed):
+                why.append(f"{cfg.parent.relative_to(run_dir)}: {key} is {value!r}, not {want}")
     return why
 
 
