@@ -85,6 +85,19 @@ def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
     return why
 
 
+def short_arms(runs: dict[str, list[dict]]) -> str:
+    """The arms that stopped short of their learner-step budget (the --minutes bound came first on
+    a busy machine), named with their steps: the arms are compared at equal compute only where
+    every arm reached its budget, so a record says so when one did not."""
+    short = [(arm, f"seed {r['seed']}'s {arm} arm {r.get('learner_steps', 0)} of {r['steps_budget']}")
+             for arm, rs in runs.items() for r in (x["result"] for x in rs)
+             if r.get("steps_budget") and r.get("learner_steps", 0) < r["steps_budget"]]
+    if not short:
+        return ""
+    sft = " (an RL arm's SFT control takes as many steps as it did)" if any(a == "rl" for a, _ in short) else ""
+    return f" Stopped by the minutes bound before their steps: {'; '.join(s for _, s in short)}{sft}."
+
+
 def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
     """A `swarl demo --seeds` run's summary, built from the seeds whose every arm finished
     (each run's learning.json and result.json; not from its learning-seeds.json, which
@@ -195,7 +208,8 @@ def main() -> int:
                          f"(benchmarks/demo_attach_sft.py: same seed, steps, warm weights, settings and draws)."
                          for r in attached)
     how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{design}{wall}: {budget} "
-           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{trained_on}{partial}{attached_s} "
+           f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{short_arms(data['runs'])}"
+           f"{trained_on}{partial}{attached_s} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "
            f"as the learner took. Every evaluation shares its sampling draws per (task, sample) "

@@ -39,3 +39,16 @@ def test_each_arm_that_ran_otherwise_is_named(tmp_path) -> None:
     assert len(why) == 3 and sum("learner.lr is 0.0002, not 4e-4" in w for w in why) == 2, why
     (tmp_path / "seed-1" / "shuffled" / "result.json").unlink()  # not finished: not recorded, not read
     assert settings_disagree(tmp_path, list(DESIGN)) == []
+
+
+def test_an_arm_short_of_its_steps_is_named() -> None:
+    from demo_learning import short_arms
+
+    def arm(seed: int, steps: int) -> dict:
+        return {"result": {"seed": seed, "learner_steps": steps, "steps_budget": 90}}
+
+    assert short_arms({"rl": [arm(0, 90)], "shuffled": [arm(0, 90)]}) == ""
+    note = short_arms({"rl": [arm(0, 90), arm(3, 78)], "shuffled": [arm(0, 90), arm(3, 90)]})
+    assert "seed 3's rl arm 78 of 90" in note and "seed 0" not in note and "SFT control" in note, note
+    note = short_arms({"rl": [arm(4, 90)], "shuffled": [arm(4, 85)]})
+    assert "seed 4's shuffled arm 85 of 90" in note and "SFT" not in note, note
