@@ -103,4 +103,4 @@ class PoolEnv:
         return EvalOutcome(r.resolved, r.error, r.timed_out, r.output,
                            {"tests_status": r.tests_status, "fail_to_pass": r.fail_to_pass,
                             "pass_to_pass": r.pass_to_pass, "returncode": r.returncode,
-                            "reward_hack": r.reward_hack})
+                            "reward_hack": r.reward_hack, "cached": r.cached})

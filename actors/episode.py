@@ -158,6 +158,7 @@ async def run_episode(agent: Agent, job: EpisodeJob,
         submitted=float(res.ending == "submitted"), limit_hit=float(res.ending in LIMIT_ENDINGS),
         reward_hack_attempts=float(hack), **{f"reward_hack_attempts/{k}": 1.0 for k in hack_kinds},
         eval_timed_out=float(bool(evaluation and evaluation.timed_out)),
+        eval_cached=float(bool(evaluation and evaluation.details.get("cached"))),
         masked=float(masked))
     if agent.judge is not None:
         metrics.update(prm_metrics(scores, len(steps)), outcome_reward=outcome)

@@ -167,6 +167,9 @@ def summarize(run_dir: Path, window: float, cpu0: dict[str, float], cpu1: dict[s
         "exec (agent commands, per episode)": stats([x["env_execution_time_sum"] for x in m]),
         "generation (per episode)": stats([x["model_query_time_sum"] for x in m]),
         "grading (evaluate, per graded episode)": stats([x["eval_time"] for x in m if x["eval_time"] > 0]),
+        # envd.grade_cache: a verdict graded afresh, or the one an earlier grading of the same inputs had
+        "grading: graded afresh": stats([x["eval_time"] for x in m if x["eval_time"] > 0 and not x.get("eval_cached")]),
+        "grading: answered from envd's cache": stats([x["eval_time"] for x in m if x.get("eval_cached")]),
         "episode wall": stats([x["total_time"] for x in m]),
         "learner step": stats(learner),
     }
@@ -202,6 +205,10 @@ def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
     for k in cpu_keys:
         rows.append([f"CPU s: {k}", *(r["cpu_s"].get(k, "-") for r in all_runs.values())])
     ours = ("actor", "envd", "inference", "learner", "pool", "redis")
+    rows.append(["CPU s per episode: all measured", *(
+        round(sum(r["cpu_s"].values()) / max(1, r["episodes"]), 3) for r in all_runs.values())])
+    rows.append(["CPU s per episode: containers (shared)", *(
+        round(r["cpu_s"].get("containers", 0.0) / max(1, r["episodes"]), 3) for r in all_runs.values())])
     rows.append(["CPU s per episode: swarl's processes", *(
         round(sum(r["cpu_s"].get(k, 0.0) for k in ours) / max(1, r["episodes"]), 3) for r in all_runs.values())])
     rows.append(["CPU s per episode: learner", *(

@@ -96,6 +96,7 @@ class EvalResult:
     mode: str = ""
     reward_hack: list[dict[str, str]] = field(default_factory=list)  # swe.tamper.Tamper dicts
     referee: dict[str, Any] = field(default_factory=dict)  # envd.referee's view: statuses, isolated, runs
+    cached: bool = False  # the verdict of an earlier grading of the same inputs (envd.grade_cache)
 
 
 def _eval_result(body: dict[str, Any]) -> EvalResult:
@@ -104,7 +105,8 @@ def _eval_result(body: dict[str, Any]) -> EvalResult:
                       pass_to_pass=body.get("pass_to_pass") or {}, output=body.get("output") or "",
                       error=body.get("error") or "", timed_out=bool(body.get("timed_out")),
                       returncode=body.get("returncode"), mode=body.get("mode") or "",
-                      reward_hack=body.get("reward_hack") or [], referee=body.get("referee") or {})
+                      reward_hack=body.get("reward_hack") or [], referee=body.get("referee") or {},
+                      cached=bool(body.get("cached")))
 
 
 def _exec_result(body: dict[str, Any]) -> ExecResult:

@@ -51,6 +51,13 @@ class EnvdConfig(Section):
     warm_max: int = Field(16, ge=0, description="At most this many warm containers on the node in all.")
     warm_idle_s: float = Field(
         300.0, gt=0, description="Warm containers of an image no create asked for this long are destroyed.")
+    grade_cache_entries: int = Field(
+        1024, ge=0, description="Verdicts of graded rows kept in envd's memory and answered again when the same "
+        "patch is graded against the same image, row, eval script, cwd and time bound (envd.grade_cache): a "
+        "grading of a key already running is waited for, not run twice. Kept only where the tests ran to their "
+        "own exit in time (or the patch was refused as a reward hack); a flaky test's first outcome stands for "
+        "that patch while the entry lives. 0: every evaluation grades afresh.")
+    grade_cache_ttl_s: float = Field(3600.0, gt=0, description="How long a kept verdict is answered again.")
     reuse_per_image: int = Field(
         0, ge=0, description="Containers of an image kept after their lease, reset to the image's state "
         "and handed to the next create that allows it (the pool's leases; never a grading container): "

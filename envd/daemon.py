@@ -37,6 +37,7 @@ from envd.docker_backend import (
     NotFound,
     exec_seconds,
 )
+from envd.grade_cache import GradeCache, grade_key
 from envd.httputil import ApiError
 from envd.image_cache import ImageCache, NotPullable, PullFailed
 from envd.image_index import ImageIndex
@@ -111,6 +112,7 @@ class Envd:
                              self._make_warm, self._destroy_warm)
         self.reuse = ReusePool(ecfg.reuse_per_image, ecfg.reuse_max, ecfg.reuse_max_uses, ecfg.reuse_idle_s,
                                self._reset_one, self._destroy_unowned, self._on_reset)
+        self.grade_cache = GradeCache(ecfg.grade_cache_entries, ecfg.grade_cache_ttl_s)
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -355,7 +357,7 @@ class Envd:
         base: dict[str, Any] = {"ok": True, "resolved": False, "returncode": None, "output": "",
                                 "error": "", "timed_out": False, "tests_status": {},
                                 "fail_to_pass": {}, "pass_to_pass": {}, "reward_hack": [],
-                                "mode": "swebench" if req.instance is not None else "script"}
+                                "mode": "swebench" if req.instance is not None else "script", "cached": False}
         if req.instance is not None:
             instance, script = self._instance_script(req)
         else:
@@ -374,7 +376,19 @@ class Envd:
             result.pop("nonce", None)
             result.pop("referee", None)
         else:
-            result = await self._grade_fresh(c, req, instance, script, timeout)
+            assert self.backend
+            image_id = await self.run(self.backend.image_of, c.id)
+            key = grade_key(image_id=image_id, cwd=req.cwd, instance=instance, script=script, patch=req.patch,
+                            timeout_s=timeout, settings=[sorted(self.ecfg.grader_off), self.ecfg.memory,
+                                                         self.ecfg.cpus, self.ecfg.pids_limit])
+            result, how = await self.grade_cache.grade(
+                key, lambda: self._grade_fresh(c, req, instance, script, timeout, image_id))
+            self.metrics.grade_cache.labels(how).inc()
+            result["cached"] = how in ("hit", "joined")
+            if result["cached"] and result.get("reward_hack"):  # an attempt each time, as graded ones count
+                self.metrics.evaluations.labels("reward_hack").inc()
+                for t in result["reward_hack"]:
+                    self.metrics.reward_hacks.labels(t.get("kind", "")).inc()
         if not result.get("reward_hack"):
             self.metrics.evaluations.labels("resolved" if result.get("resolved") else "unresolved").inc()
         await self.touch(c)
@@ -472,12 +486,11 @@ class Envd:
         return out
 
     async def _grade_fresh(self, agent: Owned, req: EvaluateReq, instance: dict[str, Any],
-                           script: str, timeout_s: float) -> dict[str, Any]:
+                           script: str, timeout_s: float, image: str) -> dict[str, Any]:
         """Grade in a fresh container from the agent's image (its tests may be tampered with). A
         row whose test command the referee can run (envd.referee) is judged by its signed verdict
         (envd.verdict); the log cross-checks."""
         assert self.backend
-        image = await self.run(self.backend.image_of, agent.id)
         # warm containers are kept by the name creates ask for: grade from the agent's image
         # name as long as it still names that very image
         if self.warm.enabled and agent.image != image and \

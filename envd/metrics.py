@@ -36,6 +36,9 @@ class EnvdMetrics:
             "envd_reuse_reset_duration_seconds", "Reset of a used container (restart, docker diff, restore, "
             "check).", registry=r, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120))
         self.evaluations = Counter("envd_evaluations", "Evaluations, by result.", ["result"], registry=r)
+        self.grade_cache = Counter("envd_grade_cache", "Row evaluations by how the verdict was had (miss: "
+                                   "graded; hit: kept from an earlier grading; joined: waited for the same "
+                                   "grading; off).", ["result"], registry=r)
         self.reward_hacks = Counter("envd_reward_hack_attempts", "Patches refused for changing how tests "
                                     "run or report, by kind (swe.tamper.KINDS).", ["kind"], registry=r)
         self.errors = Counter("envd_errors", "Error answers, by endpoint and status.",

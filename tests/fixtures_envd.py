@@ -174,6 +174,12 @@ def start_envd(token: str, log_dir: Path, node_id: str, sets: list[str] | None =
     return svc
 
 
+# The envds of the tests grade every evaluation afresh: a test that grades one patch twice (the agent's
+# container tampered with, a check turned off) must see the second grading run; a --set turns the
+# cache on (tests/envd/test_grade_cache.py).
+NO_GRADE_CACHE = {"SWARL_ENVD__GRADE_CACHE_ENTRIES": "0"}
+
+
 @pytest.fixture(scope="session")
 def envd_token() -> str:
     return secrets.token_hex(16)
@@ -183,7 +189,7 @@ def envd_token() -> str:
 def envd_server(docker_url: str, envd_token: str, tmp_path_factory) -> Iterator[ServiceProc]:
     """`swarl envd serve` (in-memory leases) on a free port; .url, .token, .node_id."""
     node_id = f"test-envd-{secrets.token_hex(3)}"
-    env = {"DOCKER_HOST": docker_url, "SWARL_REDIS_URL": ""}
+    env = {"DOCKER_HOST": docker_url, "SWARL_REDIS_URL": "", **NO_GRADE_CACHE}
     svc = start_envd(envd_token, tmp_path_factory.mktemp("envd-logs"), node_id, env=env)
     yield svc
     svc.stop()
@@ -197,7 +203,7 @@ def envd_factory(docker_url: str, envd_token: str, tmp_path) -> Iterator:
     def make(node_id: str | None = None, sets: list[str] | None = None,
              redis_url: str | None = None, port: int | None = None) -> ServiceProc:
         env = {"DOCKER_HOST": docker_url, "SWARL_REDIS_URL": redis_url or "",
-               "SWARL_RUN_ID": "test"}
+               "SWARL_RUN_ID": "test", **NO_GRADE_CACHE}
         svc = start_envd(envd_token, tmp_path / "envd-logs",
                          node_id or f"test-envd-{secrets.token_hex(3)}", sets=sets, env=env,
                          port=port)
