@@ -190,6 +190,22 @@ def summarize(run_dir: Path, window: float, cpu0: dict[str, float], cpu1: dict[s
     }
 
 
+def from_log(path: Path) -> dict[str, Any]:
+    """A finished run's result from its printed last line (the window's CPU seconds, load and
+    counts, which only the run itself could read) and its run dir (the phases, read again)."""
+    from learner.metrics_log import EVAL_VERSION, read_metrics
+
+    text = path.read_text(errors="replace")
+    printed = json.loads(text[text.rindex('{"label"'):].splitlines()[0])
+    run_dir = Path(printed["run_dir"])
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if EVAL_VERSION not in r]
+    again = summarize(run_dir, printed["minutes"] * 60, {}, printed["cpu_s"], tuple(printed["load_avg_start"]),
+                      tuple(printed["load_avg_end"]), steps, printed["sets"], printed["requested_minutes"])
+    if again["episodes"] != printed["episodes"]:
+        raise SystemExit(f"{run_dir} holds {again['episodes']} episodes, the log says {printed['episodes']}")
+    return {**again, **{k: v for k, v in printed.items() if k != "label"}}
+
+
 def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
     labels = list(all_runs)
     phase_names = list(dict.fromkeys(p for r in all_runs.values() for p in r["phases"]))
@@ -245,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="a model directory instead of the demo's cached warm start (plumbing checks only)")
     ap.add_argument("--no-record", action="store_true", help="print only; RESULTS.md and the JSON stay")
     ap.add_argument("--rewrite", action="store_true", help="only rewrite RESULTS.md from the JSON (no run)")
+    ap.add_argument("--from-log", type=Path, default=None,
+                    help="record a run made with --no-record: its printed last line (in this log) and its run dir")
     a = ap.parse_args(argv)
     if a.rewrite:
         write_results(json.loads(OUT.read_text()))
         return 0
-    result = measure(a.minutes, a.sets, a.run_dir, a.model)
+    result = from_log(a.from_log) if a.from_log else measure(a.minutes, a.sets, a.run_dir, a.model)
     if not a.no_record:
         runs = json.loads(OUT.read_text()) if OUT.exists() else {}
         runs[a.label] = result
