@@ -32,9 +32,10 @@ import copy
 import hashlib
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from cachetools import TTLCache
 
 from common.logs import get_logger
 
@@ -70,8 +71,9 @@ class GradeCache:
     grading at a time per key."""
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_entries, self.ttl_s, self.clock = max_entries, ttl_s, clock
-        self._done: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self.max_entries = max_entries
+        # least recently used dropped past maxsize; an entry expires ttl_s after it was graded
+        self._done: TTLCache[str, dict[str, Any]] = TTLCache(max(1, max_entries), ttl_s, timer=clock)
         self._running: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
 
     @property
@@ -83,19 +85,10 @@ class GradeCache:
 
     def _get(self, key: str) -> dict[str, Any] | None:
         hit = self._done.get(key)
-        if hit is None:
-            return None
-        if self.clock() - hit[0] > self.ttl_s:
-            del self._done[key]
-            return None
-        self._done.move_to_end(key)
-        return copy.deepcopy(hit[1])
+        return copy.deepcopy(hit) if hit is not None else None  # callers change their answers
 
     def _put(self, key: str, result: dict[str, Any]) -> None:
-        self._done[key] = (self.clock(), copy.deepcopy(result))
-        self._done.move_to_end(key)
-        while len(self._done) > self.max_entries:
-            self._done.popitem(last=False)
+        self._done[key] = copy.deepcopy(result)
 
     async def grade(self, key: str, run: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[dict[str, Any], str]:
         """(the verdict, how it was had: "miss" graded here, "hit" from memory, "joined" the
