@@ -37,10 +37,6 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from common.logs import get_logger
-
-log = get_logger("envd.grade_cache")
-
 __all__ = ["GradeCache", "cacheable", "grade_key"]
 
 
