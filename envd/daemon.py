@@ -386,9 +386,7 @@ class Envd:
             self.metrics.grade_cache.labels(how).inc()
             result["cached"] = how in ("hit", "joined")
             if result["cached"] and result.get("reward_hack"):  # an attempt each time, as graded ones count
-                self.metrics.evaluations.labels("reward_hack").inc()
-                for t in result["reward_hack"]:
-                    self.metrics.reward_hacks.labels(t.get("kind", "")).inc()
+                self._count_refused([t.get("kind", "") for t in result["reward_hack"]])
         if not result.get("reward_hack"):
             self.metrics.evaluations.labels("resolved" if result.get("resolved") else "unresolved").inc()
         await self.touch(c)
@@ -396,13 +394,17 @@ class Envd:
 
     def _refuse(self, c: Owned, found: list[tamper.Tamper]) -> dict[str, Any]:
         """The answer for a patch that tampers with how tests run or report: unresolved, why, counted."""
-        self.metrics.evaluations.labels("reward_hack").inc()
-        for t in found:
-            self.metrics.reward_hacks.labels(t.kind).inc()
+        self._count_refused([t.kind for t in found])
         log.warning("reward_hack_refused", container_id=c.id[:12], kinds=sorted({t.kind for t in found}),
                     paths=sorted({t.path for t in found})[:10])
         return {"resolved": False, "error": tamper.summarize(found),
                 "reward_hack": [t.as_dict() for t in found]}
+
+    def _count_refused(self, kinds: list[str]) -> None:
+        """One refused evaluation, and each tamper of it by kind."""
+        self.metrics.evaluations.labels("reward_hack").inc()
+        for kind in kinds:
+            self.metrics.reward_hacks.labels(kind).inc()
 
     def _instance_script(self, req: EvaluateReq) -> tuple[dict[str, Any], str]:
         try:
@@ -427,7 +429,7 @@ class Envd:
             ready = await self.exec(c, setup, cwd, {}, APPLY_TIMEOUT_S)
             if ready.returncode != 0:
                 return {"resolved": False, "returncode": ready.returncode, "output": self._tail(ready.output),
-                        "error": f"the row's setup script failed: {self._tail(ready.output, 2000)}",
+                        "error": f"{graded_run.SETUP_FAILED}: {self._tail(ready.output, 2000)}",
                         "timed_out": ready.timed_out}
         nonce = secrets.token_hex(16) if instance is not None else None
         plan = referee.plan(instance, patch, script, off=frozenset(self.ecfg.grader_off)) \
@@ -505,7 +507,7 @@ class Envd:
             full_log, nonce = result.pop("log", ""), result.pop("nonce", None)
             ref = result.pop("referee", None)
             if result.get("returncode") is None or result.get("error", "").startswith(
-                    ("patch does not apply", "the row's setup script failed")):
+                    ("patch does not apply", graded_run.SETUP_FAILED)):
                 return result
             report = await anyio.to_thread.run_sync(harness.grade, instance, full_log, nonce)
             found = [tamper.Tamper("fake_results", "<test output>", f"the test output imitates the "

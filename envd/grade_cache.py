@@ -37,6 +37,8 @@ from typing import Any
 
 from cachetools import TTLCache
 
+from envd.graded_run import SETUP_FAILED
+
 __all__ = ["GradeCache", "cacheable", "grade_key"]
 
 
@@ -59,7 +61,7 @@ def cacheable(result: dict[str, Any]) -> bool:
     rc = result.get("returncode")
     if rc is None or not 0 <= rc < 128:  # none: not run; 128+n: killed by signal n (OOM, ...)
         return False
-    return not str(result.get("error", "")).startswith("the row's setup script failed")
+    return not str(result.get("error", "")).startswith(SETUP_FAILED)
 
 
 class GradeCache:

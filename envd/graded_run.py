@@ -17,10 +17,11 @@ from typing import Any
 from swe import grading, tamper
 from swe.install import gitconfig_tampers, survivors, system_changes
 
-__all__ = ["APPLY_FAILED", "RESTORE_FAILED", "install_checks", "prepare_script", "put_files", "settings_tampers"]
+__all__ = ["APPLY_FAILED", "RESTORE_FAILED", "SETUP_FAILED", "install_checks", "prepare_script", "put_files", "settings_tampers"]
 
 APPLY_FAILED = 97
 RESTORE_FAILED = 98
+SETUP_FAILED = "the row's setup script failed"  # how an answer whose setup script failed begins
 GITCONFIG = "/root/.gitconfig"
 
 
