@@ -5,11 +5,12 @@ tests), and the bundled invoicekit task given the same install step (a pytest ro
 project's code before its tests).
 
 `real_row(client, name)` -> (image, row): the image is cached by a content-hash label; the row
-is the Lite row with its base_commit replaced by the image's commit (the source comes from a
-release archive or a git archive of the commit, committed afresh). Sources: django from PyPI's
-sdist of the release the row's fix is not in (`pip download`, cached under
-~/.cache/swarl/real-rows); sympy from a git clone of sympy (SWARL_SYMPY_GIT, else the machine's
-reference mirror); without one the tests that need it skip (fail under CI). The image's Python
+is the Lite row with its base_commit replaced by the image's commit (the source is PyPI's sdist
+of the last release the row's fix is not in, committed afresh; `pip download`, cached under
+~/.cache/swarl/real-rows; without PyPI the tests that need it skip, and fail under CI). The row's
+patches apply to those releases as they do to its base commit. sympy's sdist ships no bin/test, so
+the image gets BIN_TEST: the options the row's eval script passes, then sympy's own runner
+(sympy.test, which is what the grader observes), as sympy's bin/test does. The image's Python
 is Debian's 3.11 with pip, setuptools and wheel; pip works offline (PIP_NO_INDEX), installs
 into the system (PIP_BREAK_SYSTEM_PACKAGES) without build isolation, as a SWE-bench env does.
 """
@@ -37,13 +38,30 @@ REAL_PACKAGES = ["git", "python3", "python3-pytest", "patch", "procps", "coreuti
 PIP_ENV = ["PIP_BREAK_SYSTEM_PACKAGES=1", "PIP_NO_INDEX=1", "PIP_NO_BUILD_ISOLATION=0",
            "PIP_DISABLE_PIP_VERSION_CHECK=1", "PIP_ROOT_USER_ACTION=ignore"]
 CACHE = Path(os.environ.get("SWARL_REAL_ROWS_CACHE", Path.home() / ".cache" / "swarl" / "real-rows"))
-SYMPY_GIT = [Path(p) for p in (os.environ.get("SWARL_SYMPY_GIT", ""), "/work/.mirror/sympy+sympy/repo") if p]
-RECIPE = "1"
-# name -> how to get its source: the Lite row, and the archive (pip sdist or git commit) and wheels
+RECIPE = "2"
+# sympy's bin/test as the row uses it (written here: the sdist has no bin/): -C turns the cache off
+# before sympy is imported, the rest goes to sympy.test in its own subprocess, as upstream's does.
+BIN_TEST = """#!/usr/bin/env python
+import argparse, os, sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+p = argparse.ArgumentParser(prog="bin/test")
+p.add_argument("-v", "--verbose", action="store_true")
+p.add_argument("-C", "--no-cache", dest="cache", action="store_false")
+p.add_argument("-k", dest="kw", default="")
+p.add_argument("--tb", default="short")
+p.add_argument("--timeout", type=int, default=False)
+p.add_argument("tests", nargs="*")
+a = p.parse_args()
+if not a.cache:
+    os.environ["SYMPY_USE_CACHE"] = "no"
+import sympy
+sys.exit(0 if sympy.test(*a.tests, verbose=a.verbose, kw=a.kw, tb=a.tb, timeout=a.timeout) else 1)
+"""
+# name -> how to get its source: the Lite row, the pip sdist, files added to it, and wheels
 ROWS: dict[str, dict[str, Any]] = {
     "django": {"lite": "django__django-16595", "sdist": "Django==4.2", "wheels": ["asgiref==3.7.2"]},
-    "sympy": {"lite": "sympy__sympy-24152", "git": "b9af885473ad7e34b5b0826cb424dd26d8934670",
-              "wheels": ["mpmath==1.3.0"]},  # Debian's python3-mpmath says it is 0.0.0
+    "sympy": {"lite": "sympy__sympy-24152", "sdist": "sympy==1.11.1", "wheels": ["mpmath==1.3.0"],
+              "files": {"bin/test": BIN_TEST}},  # Debian's python3-mpmath says it is 0.0.0
     "invoicekit-install": {"bundled": "swarl-tasks__invoicekit-1"},
 }
 INSTALL = "python -m pip install -e ."
@@ -86,16 +104,11 @@ def _source(spec: dict[str, Any]) -> tuple[bytes, list[Path]]:
                 f = src.extractfile(m) if m.isfile() else None
                 m.name = "testbed/" + m.name[len(top) + 1:]
                 dst.addfile(m, f)
+            for name, text in spec.get("files", {}).items():
+                info = tarfile.TarInfo("testbed/" + name)
+                info.size, info.mode = len(text.encode()), 0o755
+                dst.addfile(info, io.BytesIO(text.encode()))
         return buf.getvalue(), [_pip_download(w, binary=True) for w in spec.get("wheels", [])]
-    if "git" in spec:
-        repo = next((p for p in SYMPY_GIT if (p / "HEAD").exists() or (p / ".git").exists()), None)
-        if repo is None:
-            _skip("no sympy git clone (set SWARL_SYMPY_GIT)")
-        proc = subprocess.run(["git", "--git-dir", str(repo), "archive", "--prefix=testbed/", spec["git"]],
-                              capture_output=True, timeout=600)
-        if proc.returncode != 0:
-            _skip(f"git archive of sympy {spec['git']} failed: {proc.stderr[-300:]!r}")
-        return proc.stdout, [_pip_download(w, binary=True) for w in spec.get("wheels", [])]
     from envd.images import _tar_of
     from swe.tasks import task_files
 
