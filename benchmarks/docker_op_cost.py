@@ -1,7 +1,9 @@
 """What one Docker operation of an episode costs the machine, in CPU seconds: a `docker exec` of
 envd's form (`timeout ... bash -lc true`) and of a bare `true`, the same command run inside one
-exec that stays open (what a long-lived shell would pay per command), and a container's create +
-start + remove (an agent's container, or a grading one).
+exec that stays open (what a long-lived shell would pay per command), a command through envd's
+own paths (DockerBackend.exec by docker exec, and through the agent container's shell server,
+envd.exec_shell), and a container's create + start + remove (a grading one, and an agent's with
+the shell server as its main process).
 
 CPU is the whole machine's busy time over the operations (psutil.cpu_times: dockerd, containerd,
 the shims, runc and the container's processes, which no per-process count catches: runc lives
@@ -24,6 +26,8 @@ import psutil
 
 from _record import markdown_table, record
 from common.services import ensure_docker
+from envd.config import EnvdConfig
+from envd.docker_backend import DockerBackend
 
 
 def busy() -> float:
@@ -38,6 +42,10 @@ def cost(n: int, op: Callable[[], None]) -> tuple[float, float]:
     for _ in range(n):
         op()
     return (busy() - b0) / n, (time.monotonic() - t0) / n
+
+
+def _check(out: object, via: bool) -> None:
+    assert getattr(out, "returncode", None) == 0 and getattr(out, "via", "") == ("shell" if via else "exec"), out
 
 
 def main() -> int:
@@ -72,6 +80,21 @@ def main() -> int:
             c.remove(force=True)
 
         rows["container create + start + remove"] = cost(max(5, a.n // 4), lifecycle)
+        backend = DockerBackend(EnvdConfig(), "docker-op-cost", ensure_docker())
+        agent = backend.create(a.image, "bench", 900, None, with_shell=True)[0]
+        try:
+            for label, via in (("envd exec by docker exec (`true`)", False),
+                               ("envd exec through the container's shell (envd.exec_shell, `true`)", True)):
+                rows[label] = cost(a.n, lambda via=via: _check(backend.exec(agent, "true", "/", {}, 30, 4096,
+                                                                            via_shell=via), via))
+
+            def lifecycle_shell() -> None:
+                backend.destroy(backend.create(a.image, "bench", 900, None, with_shell=True)[0])
+
+            rows["agent container with the shell: create + start + remove"] = cost(max(5, a.n // 4), lifecycle_shell)
+        finally:
+            backend.destroy(agent)
+            backend.close()
     finally:
         box.remove(force=True)
     load1 = os.getloadavg()

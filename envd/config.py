@@ -44,6 +44,9 @@ class EnvdConfig(Section):
     kill_grace_s: float = Field(
         5.0, description="After a timeout, how long envd waits for the killed command before killing its process tree.")
     create_timeout_s: float = Field(120.0, description="Default bound on creating and starting a container.")
+    exec_shell: bool = Field(
+        True, description="Agents' containers run a shell server as their main process and envd runs their "
+        "commands through it (envd/shell.py): no `docker exec` per command. Grading containers never do.")
     warm_per_image: int = Field(
         0, ge=0, description="Started containers kept ready per recently created image, handed out "
         "by the next create (its own and the grading one) instead of creating on the episode's "

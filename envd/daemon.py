@@ -266,7 +266,9 @@ class Envd:
         return expiry
 
     # -- operations ----------------------------------------------------------------
-    async def create(self, req: CreateReq) -> dict[str, Any]:
+    async def create(self, req: CreateReq, shell: bool = True) -> dict[str, Any]:
+        """`shell`: an agent's container, made with envd/shell.py's server when envd.exec_shell is
+        on (a grading container never is)."""
         assert self.backend
         ttl = req.ttl_s or self.ecfg.lease_ttl_s
         lease = req.lease or f"envd-{int(time.time() * 1000)}"
@@ -299,7 +301,8 @@ class Envd:
                 # Bounded by the Docker client's timeout (envd.create_timeout_s); not cancelled
                 # from here, since abandoning the thread could leak the container it is creating.
                 try:
-                    cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels)
+                    cid, name, labels = await self.run(self.backend.create, req.image, lease, ttl, req.labels,
+                                                       shell and self.ecfg.exec_shell)
                 except NotFound as e:
                     raise ApiError(404, str(e), image=req.image) from None
             create_s = time.monotonic() - t0
@@ -323,7 +326,10 @@ class Envd:
                 "pulled": pull.pulled, "pull_s": round(pull.seconds, 3), "create_s": round(create_s, 3)}
 
     async def exec(self, c: Owned, command: str, cwd: str | None, env: dict[str, str],
-                   timeout_s: float, cap: int | None = None, stderr: bool = True) -> ExecOutcome:
+                   timeout_s: float, cap: int | None = None, stderr: bool = True,
+                   via_shell: bool = False) -> ExecOutcome:
+        """One command in `c`; `via_shell`: an agent's (the API's exec and diff), through the
+        container's shell server when it has one (envd.exec_shell); grading's own run by docker exec."""
         backend = self.backend
         assert backend
         await self.touch(c)
@@ -336,7 +342,7 @@ class Envd:
             lambda: loop.run_in_executor(None, backend.kill_exec, c.id, exec_id))
         try:
             out = await self.run(backend.exec, c.id, command, cwd, env, timeout_s,
-                                 cap or self.ecfg.output_cap_bytes, exec_id, stderr)
+                                 cap or self.ecfg.output_cap_bytes, exec_id, stderr, via_shell)
         except NotFound as e:
             self.metrics.execs.labels("error").inc()
             await self._destroy(c.id, "gone")  # removed behind envd's back: forget it
@@ -346,6 +352,7 @@ class Envd:
         await self.touch(c)
         outcome = "timeout" if out.timed_out else ("ok" if out.returncode == 0 else "nonzero")
         self.metrics.execs.labels(outcome).inc()
+        self.metrics.exec_via.labels(out.via).inc()
         self.metrics.exec_seconds.observe(out.duration_s)
         return out
 
@@ -499,7 +506,7 @@ class Envd:
                 await self.run(self.backend.image_id, agent.image) == image:
             image = agent.image
         created = await self.create(CreateReq(image=image, lease=f"eval-{agent.lease}",
-                                              ttl_s=timeout_s + 600))
+                                              ttl_s=timeout_s + 600), shell=False)
         fresh = self.owned[created["container_id"]]
         try:
             result = await self._run_eval(fresh, req.patch, script, req.cwd, timeout_s, reset=False,
@@ -622,7 +629,7 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
     @app.post("/container/exec")
     async def exec_(req: ExecReq) -> dict[str, Any]:
         c = envd.lookup(req.container_id)
-        out = await envd.exec(c, req.command, req.cwd, req.env, req.timeout)
+        out = await envd.exec(c, req.command, req.cwd, req.env, req.timeout, via_shell=True)
         return {"ok": True, "returncode": out.returncode, "output": out.output,
                 "timed_out": out.timed_out, "truncated": out.truncated,
                 "duration_s": round(out.duration_s, 4)}
@@ -633,7 +640,8 @@ def create_app(cfg: EnvdConfig, token: str | None, node_id: str, docker_url: str
         # stdout only: docker copies an exec's stdout and stderr apart, so what the login shell's
         # profile writes to stderr may arrive after the marker (DIFF_COMMAND reports git's own
         # errors on stdout)
-        out = await envd.exec(c, DIFF_COMMAND, req.cwd, {}, DIFF_TIMEOUT_S, cap=cfg.max_body_bytes, stderr=False)
+        out = await envd.exec(c, DIFF_COMMAND, req.cwd, {}, DIFF_TIMEOUT_S, cap=cfg.max_body_bytes, stderr=False,
+                              via_shell=True)
         ok = out.returncode == 0 and DIFF_MARK in out.output
         return {"ok": True, "patch": out.output.split(DIFF_MARK, 1)[1] if ok else "",
                 "returncode": out.returncode if out.returncode != 0 or ok else 1,

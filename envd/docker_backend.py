@@ -13,6 +13,7 @@ import io
 import re
 import secrets
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from envd import shell
 from envd.config import EnvdConfig
 
 LABEL_OWNER = "swarl.owner"
@@ -46,6 +48,7 @@ class ExecOutcome:
     timed_out: bool
     truncated: bool
     duration_s: float
+    via: str = "exec"  # "shell": through the container's shell server (envd/shell.py); "exec": docker exec
 
 
 class _CappedBuffer:
@@ -97,6 +100,15 @@ def _safe_name(s: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", s)[:60]
 
 
+class _ShellSlot:
+    """A container made with the shell server: its attach (made on first use), one user at a time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shell: shell.ContainerShell | None = None
+        self.broken = False  # the server failed a handshake or a command: docker exec from now on
+
+
 class DockerBackend:
     def __init__(self, cfg: EnvdConfig, node_id: str, docker_url: str) -> None:
         self.cfg = cfg
@@ -107,8 +119,16 @@ class DockerBackend:
         # the container enforces); the socket read timeout must not cut them short.
         self.exec_api = docker.APIClient(base_url=docker_url, timeout=EXEC_SOCKET_TIMEOUT_S,
                                          max_pool_size=cfg.exec_threads + 8)
+        # containers created with the shell server (envd.exec_shell) -> their attach, once made
+        self._shells: dict[str, _ShellSlot] = {}
+        self._shells_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._shells_lock:
+            shells, self._shells = list(self._shells.values()), {}
+        for slot in shells:
+            if slot.shell is not None:
+                slot.shell.close()
         self.client.close()
         self.exec_api.close()
 
@@ -144,9 +164,10 @@ class DockerBackend:
             raise NotFound(f"unknown container {container_id}") from None
 
     # -- containers ----------------------------------------------------------------
-    def create(self, image: str, lease: str, ttl_s: float, extra_labels: dict[str, str] | None = None
-               ) -> tuple[str, str, dict[str, str]]:
-        """Create and start a container; answer (id, name, labels). Unknown image -> NotFound."""
+    def create(self, image: str, lease: str, ttl_s: float, extra_labels: dict[str, str] | None = None,
+               with_shell: bool = False) -> tuple[str, str, dict[str, str]]:
+        """Create and start a container; answer (id, name, labels). Unknown image -> NotFound.
+        `with_shell`: its main process is envd/shell.py's server (an agent's container)."""
         if not self.has_image(image):
             raise NotFound(f"unknown image {image} (not on this node)")
         now = time.time()
@@ -157,12 +178,16 @@ class DockerBackend:
             LABEL_CREATED: f"{now:.3f}",
             LABEL_EXPIRES: f"{now + ttl_s:.3f}",
             LABEL_TTL: f"{ttl_s:g}",
+            **({shell.LABEL_SHELL: "1"} if with_shell else {}),
         }
         name = f"swarl-{_safe_name(self.node_id)}-{secrets.token_hex(4)}"
         c = self.client.containers.create(
             image,
-            entrypoint=["sleep", "infinity"],
+            entrypoint=shell.ENTRYPOINT if with_shell else ["sleep", "infinity"],
             command=[],
+            # the server reads commands on stdin; what it writes goes to envd alone, no log file
+            stdin_open=with_shell,
+            log_config=docker.types.LogConfig(type="none") if with_shell else None,
             name=name,
             labels=labels,
             detach=True,
@@ -183,10 +208,21 @@ class DockerBackend:
         except Exception:
             c.remove(force=True)
             raise
+        if with_shell:
+            with self._shells_lock:
+                self._shells[c.id] = _ShellSlot()  # attached on its first command
         return c.id, name, labels
+
+    def forget_shell(self, container_id: str) -> None:
+        """Close the attach to a container's shell (it is going away or restarting)."""
+        with self._shells_lock:
+            slot = self._shells.pop(container_id, None)
+        if slot is not None and slot.shell is not None:
+            slot.shell.close()
 
     def destroy(self, container_id: str) -> bool:
         """Remove a container (killing it); False when it was already gone."""
+        self.forget_shell(container_id)
         try:
             self.client.api.remove_container(container_id, force=True, v=True)
             return True
@@ -244,7 +280,12 @@ class DockerBackend:
 
     def restart(self, container_id: str) -> None:
         """Kill the container's init (the kernel ends every process it holds) and start it again."""
+        had_shell = container_id in self._shells
+        self.forget_shell(container_id)
         self.client.api.restart(container_id, timeout=0)
+        if had_shell:  # a new server: attach to it afresh
+            with self._shells_lock:
+                self._shells[container_id] = _ShellSlot()
 
     def restore(self, container_id: str, path: str, archive: bytes) -> None:
         parent = path.rstrip("/").rpartition("/")[0] or "/"
@@ -261,17 +302,23 @@ class DockerBackend:
 
     # -- exec ----------------------------------------------------------------------
     def exec(self, container_id: str, command: str, cwd: str | None, env: dict[str, str] | None,
-             timeout: float, cap: int, exec_id: str | None = None, stderr: bool = True) -> ExecOutcome:
+             timeout: float, cap: int, exec_id: str | None = None, stderr: bool = True,
+             via_shell: bool = False) -> ExecOutcome:
         """Run `bash -lc command` with a timeout enforced inside the container.
 
         The caller arms a watchdog: if output stays open past timeout + grace (a child escaped
         the process group holding stdout), it calls kill_exec(container_id, exec_id) so the
         stream ends and nobody waits unbounded. `stderr=False`: the command's stderr is not
-        attached (discarded), for output parsed by position.
+        attached (discarded), for output parsed by position. `via_shell`: through the
+        container's shell server when it has one that is free (envd/shell.py), else docker exec.
         """
         exec_id = exec_id or secrets.token_hex(8)
         secs = exec_seconds(timeout)
         environment = {**(env or {}), EXEC_MARKER: exec_id}
+        if via_shell:
+            out = self._exec_in_shell(container_id, command, cwd, environment, secs, cap, stderr)
+            if out is not None:
+                return out
         cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", command]
         t0 = time.monotonic()
         try:
@@ -294,6 +341,46 @@ class DockerBackend:
             code = -1
         return ExecOutcome(returncode=-1 if code is None else int(code), output=buf.text(),
                            timed_out=timed_out, truncated=buf.cut > 0, duration_s=duration)
+
+    def _exec_in_shell(self, container_id: str, command: str, cwd: str | None, env: dict[str, str],
+                       secs: int, cap: int, stderr: bool) -> ExecOutcome | None:
+        """The command through the container's shell; None (nothing was run) when it has none,
+        it is busy, the env has a key sh cannot pass, or the server does not answer."""
+        slot = self._shells.get(container_id)
+        script = shell.script_for(command, cwd, env, secs, stderr)
+        if slot is None or script is None or slot.broken or not slot.lock.acquire(blocking=False):
+            return None
+        try:
+            if slot.shell is None or slot.shell.dead:
+                slot.shell = None
+                try:
+                    attached = self.exec_api.attach_socket(
+                        container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                except docker.errors.APIError:
+                    slot.broken = True
+                    return None
+                sh = shell.ContainerShell(attached)
+                if not sh.ping():
+                    sh.close()
+                    slot.broken = True
+                    return None
+                slot.shell = sh
+            buf = _CappedBuffer(cap)
+            t0 = time.monotonic()
+            try:
+                code = slot.shell.run(script, buf, t0 + secs + self.cfg.kill_grace_s + shell.ANSWER_SLACK_S)
+                note = ""
+            except shell.ShellEnded as e:  # killed or robbed: docker exec for the rest of its life
+                slot.broken = True
+                code, note = -1, f"\n[envd: {e} before the command's exit code came back]\n"
+            duration = time.monotonic() - t0
+            timed_out = duration >= secs - 0.05 and code in (124, 137, -1)
+            if timed_out:
+                self.kill_exec(container_id, env[EXEC_MARKER])  # background children that left the group
+            return ExecOutcome(returncode=-1 if timed_out else code, output=buf.text() + note, timed_out=timed_out,
+                               truncated=buf.cut > 0, duration_s=duration, via="shell")
+        finally:
+            slot.lock.release()
 
     def kill_exec(self, container_id: str, exec_id: str) -> None:
         """Kill every process of one exec inside the container (marker in its environment)."""

@@ -1,0 +1,179 @@
+"""envd.exec_shell (envd/shell.py) against a real dockerd: a command through an agent container's
+shell server answers what `docker exec` answers (code, output, stderr, timeouts, the cap, what
+background children write and how long they hold the answer), grading never uses it, and a
+command that kills or robs the server gets a bounded answer and leaves the container usable or
+gone, never hung."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from fixtures_envd import EVAL_SCRIPT, GOOD_PATCH
+
+from envd.config import EnvdConfig
+from envd.docker_backend import DockerBackend, ExecOutcome
+
+pytestmark = pytest.mark.docker
+
+# (command, cwd, env, timeout, stderr): each is run by docker exec and through the shell
+SAME = {
+    "code_stdout_stderr_env": ("pwd; echo $FOO; echo err >&2; exit 3", "/testbed", {"FOO": "b a'r $x"}, 30, True),
+    "no_newline": ("printf 'no newline'", "/testbed", {}, 30, True),
+    "stdin_is_empty": ("cat; wc -c", "/testbed", {}, 30, True),
+    "login_shell": ("shopt -q login_shell && echo login; echo $HOME; id -u; cat /etc/hostname", None, {}, 30, True),
+    "image_workdir": ("pwd", None, {}, 30, True),
+    "missing_dir": ("cd /no/such/dir", "/testbed", {}, 30, True),
+    "late_child_output": ("(sleep 0.5; echo late) & echo early", "/testbed", {}, 30, True),
+    "quiet_child": ("sleep 30 >/dev/null 2>&1 & echo detached", "/testbed", {}, 30, True),
+    "stderr_dropped": ("echo out; echo err >&2", "/testbed", {}, 30, False),
+    "over_the_cap": ("echo START; head -c 300000 /dev/zero | tr '\\0' x; echo; echo END", "/testbed", {}, 30, True),
+    "timeout": ("echo before; sleep 30", "/testbed", {}, 1, True),
+    "binary": ("printf '\\x00\\xff\\xfe ok'", "/testbed", {}, 30, True),
+}
+
+
+@pytest.fixture(scope="module")
+def backend(docker_url: str) -> Iterator[DockerBackend]:
+    b = DockerBackend(EnvdConfig(), "test-shell", docker_url)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def agent(backend: DockerBackend, test_image: str) -> Iterator[str]:
+    cid, _, labels = backend.create(test_image, "shell-test", 600, None, with_shell=True)
+    assert labels["swarl.shell"] == "1"
+    yield cid
+    backend.destroy(cid)
+
+
+def _both(backend: DockerBackend, cid: str, case: tuple[Any, ...]) -> tuple[ExecOutcome, ExecOutcome]:
+    command, cwd, env, timeout, stderr = case
+    plain = backend.exec(cid, command, cwd, env, timeout, 262144, stderr=stderr, via_shell=False)
+    shelled = backend.exec(cid, command, cwd, env, timeout, 262144, stderr=stderr, via_shell=True)
+    return plain, shelled
+
+
+@pytest.mark.parametrize("name", sorted(SAME))
+def test_the_shell_answers_what_docker_exec_answers(backend, agent, name):
+    plain, shelled = _both(backend, agent, SAME[name])
+    assert plain.via == "exec" and shelled.via == "shell"
+    assert (shelled.returncode, shelled.output, shelled.timed_out, shelled.truncated) == \
+        (plain.returncode, plain.output, plain.timed_out, plain.truncated), name
+    # how long children that keep the output open hold the answer: as docker exec, ~2 s at most
+    assert abs(shelled.duration_s - plain.duration_s) < 1.5, (plain.duration_s, shelled.duration_s)
+    if name == "timeout":
+        assert shelled.returncode == -1 and shelled.timed_out and shelled.output == "before\n"
+    if name == "over_the_cap":
+        assert shelled.truncated and shelled.output.startswith("START") and shelled.output.rstrip().endswith("END")
+
+
+def test_a_timeout_kills_what_the_command_left_behind(backend, agent):
+    cmd = "setsid sh -c 'sleep 6; touch /tmp/escaped' & sleep 6; touch /tmp/fg"
+    out = backend.exec(agent, cmd, "/testbed", {}, 1, 262144, via_shell=True)
+    assert out.via == "shell" and out.timed_out and out.returncode == -1
+    ps = backend.exec(agent, "ps -eo args", "/", {}, 10, 262144, via_shell=True)
+    assert "sleep 6" not in ps.output, ps.output
+
+
+def test_what_the_shell_cannot_pass_goes_by_docker_exec(backend, agent):
+    out = backend.exec(agent, "env | grep -c '^A-B=1$'", "/testbed", {"A-B": "1"}, 10, 262144, via_shell=True)
+    assert out.via == "exec" and out.output.strip() == "1"
+
+
+def test_a_container_made_without_the_shell_runs_sleep_and_docker_exec(backend, test_image, docker_url):
+    cid, _, labels = backend.create(test_image, "shell-test", 600, None)
+    try:
+        assert "swarl.shell" not in labels
+        attrs = docker.DockerClient(base_url=docker_url).api.inspect_container(cid)
+        assert attrs["Config"]["Entrypoint"] == ["sleep", "infinity"] and not attrs["Config"]["OpenStdin"]
+        assert backend.exec(cid, "echo hi", "/", {}, 10, 1024, via_shell=True).via == "exec"
+    finally:
+        backend.destroy(cid)
+
+
+def test_a_restarted_container_gets_a_new_shell(backend, agent):
+    assert backend.exec(agent, "echo one", "/", {}, 10, 1024, via_shell=True).via == "shell"
+    backend.restart(agent)
+    out = backend.exec(agent, "echo two", "/", {}, 10, 1024, via_shell=True)
+    assert (out.via, out.output, out.returncode) == ("shell", "two\n", 0)
+
+
+# -- through envd --------------------------------------------------------------------------
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def api(envd_server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=envd_server.url, headers=_h(envd_server.token), timeout=90) as c:
+        yield c
+
+
+def _via(api: httpx.Client) -> dict[str, float]:
+    got = dict(re.findall(r'^envd_exec_via_total\{via="(\w+)"\} (\S+)$', api.get("/metrics").text, re.M))
+    return {k: float(got.get(k, 0)) for k in ("shell", "exec")}
+
+
+def _create(api: httpx.Client, image: str) -> str:
+    r = api.post("/container/create", json={"image": image})
+    assert r.status_code == 200, r.text
+    return str(r.json()["container_id"])
+
+
+def test_agents_commands_go_through_the_shell_and_grading_never_does(api, test_image):
+    cid = _create(api, test_image)
+    try:
+        before = _via(api)
+        out = api.post("/container/exec", json={"container_id": cid, "command": "echo hi"}).json()
+        assert out["returncode"] == 0 and out["output"] == "hi\n"
+        d = api.post("/container/diff", json={"container_id": cid}).json()
+        assert d["ok"] and d["patch"] == ""
+        mid = _via(api)
+        assert mid["shell"] == before["shell"] + 2 and mid["exec"] == before["exec"]
+        ev = api.post("/container/evaluate", json={"container_id": cid, "patch": GOOD_PATCH,
+                                                   "eval_script": EVAL_SCRIPT}).json()
+        assert ev["resolved"] is True, ev
+        after = _via(api)
+        assert after["shell"] == mid["shell"] and after["exec"] > mid["exec"]  # the grading container's
+    finally:
+        api.post("/container/destroy", json={"container_id": cid})
+
+
+def test_a_command_that_kills_the_shell_gets_an_answer_and_the_container_is_gone(api, test_image):
+    cid = _create(api, test_image)
+    try:
+        out = api.post("/container/exec", json={"container_id": cid, "command": "kill -9 -1", "timeout": 10}).json()
+        assert out["ok"] and out["returncode"] == -1 and "shell ended" in out["output"], out
+        r = api.post("/container/exec", json={"container_id": cid, "command": "true"})
+        assert r.status_code == 404  # its main process ended, as when `sleep infinity` was killed
+    finally:
+        api.post("/container/destroy", json={"container_id": cid})
+
+
+def test_a_command_that_steals_the_shells_input_cannot_hang_envd(api, test_image):
+    cid = _create(api, test_image)
+    try:
+        thief = ("setsid nohup sh -c 'cat /proc/$(ps -o pid= --ppid 1 | head -1 | tr -d \" \")/fd/0 "
+                 "> /dev/null' >/dev/null 2>&1 & sleep 0.3; echo started")
+        assert api.post("/container/exec", json={"container_id": cid, "command": thief}).json()["output"] == "started\n"
+        t0 = time.monotonic()
+        out = api.post("/container/exec", json={"container_id": cid, "command": "echo lost", "timeout": 1}).json()
+        assert out["ok"] and out["returncode"] == -1 and out["timed_out"], out
+        # bounded: timeout + kill grace (5) + the shell's own slack
+        assert time.monotonic() - t0 < 1 + 5 + 8
+        # a shell that failed a command is not trusted again: docker exec from here on
+        before = _via(api)
+        for _ in range(3):
+            out = api.post("/container/exec", json={"container_id": cid, "command": "echo back"}).json()
+            assert out["returncode"] == 0 and out["output"] == "back\n"
+        assert _via(api)["exec"] == before["exec"] + 3
+    finally:
+        api.post("/container/destroy", json={"container_id": cid})
