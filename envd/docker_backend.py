@@ -356,7 +356,7 @@ class DockerBackend:
                 try:
                     attached = self.exec_api.attach_socket(
                         container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-                except docker.errors.APIError:
+                except Exception:  # gone, stopped, or the engine refused: docker exec says which
                     slot.broken = True
                     return None
                 sh = shell.ContainerShell(attached)

@@ -19,7 +19,8 @@ def demo(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tiny model, warm start and sampling.")] = 0,
     actors: Annotated[int, typer.Option("--actors", help="Actor processes.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Episodes per actor at once.")] = 3,
-    servers: Annotated[int, typer.Option("--servers", help="CPU inference servers.")] = 2,
+    servers: Annotated[int, typer.Option("--servers", help="CPU inference servers (one batches every "
+                                         "actor's requests: the most episodes a minute on 2 cores).")] = 1,
     eval_samples: Annotated[int, typer.Option("--eval-samples", help="Episodes per task when measuring resolve rates.")] = 2,
     eval_per_family: Annotated[int, typer.Option("--eval-per-family", help="Tasks per bug family evaluated in each split (0: all).")] = 8,
     train_per_family: Annotated[int, typer.Option("--train-per-family", help="Train tasks per bug family (0: the whole pool or train split).")] = 0,

@@ -83,7 +83,7 @@ class DemoOptions:
     seed: int = 0
     actors: int = 2
     concurrency: int = 3
-    servers: int = 2
+    servers: int = 1  # one server batches all the actors' requests: benchmarks/RESULTS.md demo_episode_cost
     eval_samples: int = 2
     eval_per_family: int | None = 8  # tasks per bug family evaluated in each split (None: all)
     train_per_family: int | None = None  # train tasks per bug family enqueued (None: the whole split or pool)
