@@ -1,14 +1,14 @@
 """A long-lived shell per agent container (envd.exec_shell): commands without a `docker exec` each.
 
-A `docker exec` costs the machine ~0.05 CPU s (dockerd, containerd, a runc process; benchmarks/
-RESULTS.md `docker_op_cost`), a command inside an open shell ~0.007. An agent's container is
+A `docker exec` costs the machine ~0.067 CPU s (dockerd, containerd, a runc process; benchmarks/
+RESULTS.md `docker_op_cost`), a command through this shell ~0.016. An agent's container is
 created with SERVER as its main process (under Docker's init, as `sleep infinity` was), stdin
 open, no log driver; envd attaches to it once and writes one line per command:
-`<token> <base64 of a sh script>`. The server (waiting in /) runs the script with stdin from /dev/null, its
-stdout and stderr through one pipe that `cat` copies out, then writes `<token> <exit code>`.
-`cat` ends when every writer of the pipe is gone, so a command's background children that keep
-its output open hold the answer as they hold a `docker exec` stream: envd's watchdog sweeps them
-by SWARL_EXEC_ID after timeout + grace either way. The script is what the exec would have run:
+`<token> <base64 of a sh script>`. The server (waiting in /) evals the script in a subshell with
+stdin from /dev/null and its stdout and stderr through one pipe that a `cat` copies out, then
+writes `<token> <exit code>`. The code comes when the command exits; children that keep its
+output open get ~2 s more to write (as `docker exec` gives them), then the copy is cut; a timeout
+is swept by SWARL_EXEC_ID as for `docker exec`. The script is what the exec would have run:
 `cd`, then `env ... timeout -s KILL N bash -lc COMMAND`.
 
 The token is random per command, so no output can end one early by accident. The shell is the
