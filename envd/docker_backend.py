@@ -333,14 +333,19 @@ class DockerBackend:
         buf = _CappedBuffer(cap)
         for chunk in self.exec_api.exec_start(handle["Id"], stream=True, demux=False):
             buf.add(chunk)
-        duration = time.monotonic() - t0
         code = self.exec_api.exec_inspect(handle["Id"]).get("ExitCode")
+        return self._outcome(container_id, exec_id, code, buf, "", time.monotonic() - t0, secs, "exec")
+
+    def _outcome(self, container_id: str, exec_id: str, code: int | None, buf: _CappedBuffer, note: str,
+                 duration: float, secs: int, via: str) -> ExecOutcome:
+        """One exec's answer, either way it ran: killed at its time bound (GNU timeout's 124 or
+        137, or no code) is a timeout, and what left the process group is swept."""
         timed_out = duration >= secs - 0.05 and code in (124, 137, None, -1)
         if timed_out:
             self.kill_exec(container_id, exec_id)  # background children that left the group
             code = -1
-        return ExecOutcome(returncode=-1 if code is None else int(code), output=buf.text(),
-                           timed_out=timed_out, truncated=buf.cut > 0, duration_s=duration)
+        return ExecOutcome(returncode=-1 if code is None else int(code), output=buf.text() + note,
+                           timed_out=timed_out, truncated=buf.cut > 0, duration_s=duration, via=via)
 
     def _exec_in_shell(self, container_id: str, command: str, cwd: str | None, env: dict[str, str],
                        secs: int, cap: int, stderr: bool) -> ExecOutcome | None:
@@ -373,12 +378,8 @@ class DockerBackend:
             except shell.ShellEnded as e:  # killed or robbed: docker exec for the rest of its life
                 slot.broken = True
                 code, note = -1, f"\n[envd: {e} before the command's exit code came back]\n"
-            duration = time.monotonic() - t0
-            timed_out = duration >= secs - 0.05 and code in (124, 137, -1)
-            if timed_out:
-                self.kill_exec(container_id, env[EXEC_MARKER])  # background children that left the group
-            return ExecOutcome(returncode=-1 if timed_out else code, output=buf.text() + note, timed_out=timed_out,
-                               truncated=buf.cut > 0, duration_s=duration, via="shell")
+            return self._outcome(container_id, env[EXEC_MARKER], code, buf, note, time.monotonic() - t0, secs,
+                                 "shell")
         finally:
             slot.lock.release()
 

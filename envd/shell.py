@@ -24,7 +24,6 @@ import secrets
 import shlex
 import socket
 import struct
-import threading
 import time
 from typing import Any
 
@@ -83,12 +82,11 @@ def script_for(command: str, cwd: str | None, env: dict[str, str], secs: int, st
 
 
 class ContainerShell:
-    """One attach to one container's SERVER; one command at a time (a busy shell is skipped)."""
+    """One attach to one container's SERVER; the caller runs one command at a time (its slot's lock)."""
 
     def __init__(self, attached: Any) -> None:
         self._attached = attached  # docker-py's socket object: kept so nothing closes the stream
         self.sock: socket.socket = getattr(attached, "_sock", attached)
-        self.lock = threading.Lock()
         self.dead = False
         self._buf = bytearray()  # bytes of the stream read but not yet taken
 
