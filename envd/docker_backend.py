@@ -378,6 +378,8 @@ class DockerBackend:
             except shell.ShellEnded as e:  # killed or robbed: docker exec for the rest of its life
                 slot.broken = True
                 code, note = -1, f"\n[envd: {e} before the command's exit code came back]\n"
+                # nobody waits for what the command left running: sweep it, as a timeout would be
+                self.kill_exec(container_id, env[EXEC_MARKER])
             return self._outcome(container_id, env[EXEC_MARKER], code, buf, note, time.monotonic() - t0, secs,
                                  "shell")
         finally:

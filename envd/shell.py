@@ -13,7 +13,9 @@ is swept by SWARL_EXEC_ID as for `docker exec`. The script is what the exec woul
 
 The token is random per command, so no output can end one early by accident. The shell is the
 agent's own: a command that reads the server's stdin through /proc or kills it only spoils its
-own answers (the container's main process ends, as killing `sleep infinity` ended it). Grading
+own answers (killing the main process ends the container, as killing `sleep infinity` did; a
+command that leaves the server no pid to fork ends the server alone, and the container runs on
+with `sleep infinity`). Every way the server ends is answered at once and sweeps the command. Grading
 never uses it: the fresh container a patch is graded in runs `sleep infinity` and `docker exec`.
 """
 
@@ -33,8 +35,12 @@ from typing import Any
 # command's children still write (as long as `docker exec` waits for an exited command's output),
 # then killed. The script is eval'd in a subshell that execs the command; the shell that waits for
 # it writes nowhere (dash reports a command killed by a signal, `Killed`, where docker exec
-# reports nothing).
-SERVER = r"""exec 4>&1 2>/dev/null
+# reports nothing). The loop runs in a subshell: dash exits when a fork fails (a command that
+# took every pid the container may have), and then only that subshell ends; the container's main
+# process says so on stderr, a stream no command's output reaches, and becomes `sleep infinity`,
+# so the container lives on (as it did with `docker exec`) and envd goes on by docker exec.
+SERVER = r"""(
+exec 4>&1 2>/dev/null
 wd=$(pwd)
 cd /
 while read -r tok b64; do
@@ -51,6 +57,8 @@ while read -r tok b64; do
   done
   printf '%s %s\n' "$tok" "$rc"
 done
+)
+echo ended >&2
 exec sleep infinity
 """
 ENTRYPOINT = ["sh", "-c", SERVER]
@@ -101,8 +109,11 @@ class ContainerShell:
     def _fill(self, deadline: float) -> None:
         """Read one frame's payload into _buf (Docker's 8-byte header per frame: stream, size)."""
         head = self._exact(8, deadline)
-        size = struct.unpack(">BxxxL", head)[1]
-        self._buf += self._exact(size, deadline) if size else b""
+        stream, size = struct.unpack(">BxxxL", head)
+        payload = self._exact(size, deadline) if size else b""
+        if stream == 2:  # only the main process writes there, when the server's loop has ended
+            raise ShellEnded("the container's shell ended")
+        self._buf += payload
 
     def _exact(self, n: int, deadline: float) -> bytes:
         out = bytearray()

@@ -113,6 +113,42 @@ def test_a_restarted_container_gets_a_new_shell(backend, agent):
     assert (out.via, out.output, out.returncode) == ("shell", "two\n", 0)
 
 
+def _pids(docker_url: str, cid: str) -> int:
+    return int(docker.DockerClient(base_url=docker_url).api.stats(cid, stream=False)["pids_stats"]["current"])
+
+
+def test_no_pid_to_fork_ends_the_server_not_the_container(backend, agent, docker_url):
+    """dash exits when a fork fails (CI saw a fork bomb take every pid between two of the server's
+    forks): the container must live on, as it did under `sleep infinity`, and envd go by docker exec."""
+    assert backend.exec(agent, "echo warm", "/", {}, 10, 1024, via_shell=True).via == "shell"
+    api = docker.DockerClient(base_url=docker_url).api
+
+    def pids_limit(n: int) -> None:  # docker-py's update_container has no pids_limit; the Engine API does
+        api._raise_for_status(api._post_json(api._url("/containers/{0}/update", agent), data={"PidsLimit": n}))
+
+    pids_limit(_pids(docker_url, agent))  # the idle server's own: no fork left
+    t0 = time.monotonic()
+    out = backend.exec(agent, "echo lost", "/", {}, 30, 1024, via_shell=True)
+    assert (out.via, out.returncode, out.timed_out) == ("shell", -1, False), out
+    assert "shell ended" in out.output and time.monotonic() - t0 < 10, out
+    pids_limit(256)
+    assert api.inspect_container(agent)["State"]["Running"]
+    after = backend.exec(agent, "echo back; ps -o args= --ppid 1", "/", {}, 10, 1024, via_shell=True)
+    assert (after.via, after.returncode) == ("exec", 0), after
+    assert after.output.startswith("back\n") and "sleep infinity" in after.output, after.output
+
+
+def test_a_command_that_ends_the_servers_loop_is_answered_and_swept(backend, agent, docker_url):
+    # the loop is the main process's child (pid 1 is Docker's init); what the command left running
+    # is killed with it, as after a timeout
+    loop = "$(ps -o pid= --ppid $(ps -o pid= --ppid 1 | head -1) | head -1)"
+    out = backend.exec(agent, f"sleep 100 >/dev/null 2>&1 & sleep 0.2; kill -9 {loop}; sleep 5; echo never",
+                       "/", {}, 30, 1024, via_shell=True)
+    assert (out.via, out.returncode) == ("shell", -1) and "shell ended" in out.output and out.duration_s < 4, out
+    left = backend.exec(agent, "pgrep -fc '^sleep (100|5)$' || true", "/", {}, 10, 1024, via_shell=True)
+    assert (left.via, left.output.strip()) == ("exec", "0"), left
+
+
 # -- through envd --------------------------------------------------------------------------
 
 def _h(token: str) -> dict[str, str]:
