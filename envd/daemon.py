@@ -8,6 +8,7 @@ proceed at once while the event loop stays free for heartbeats and health checks
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import secrets
@@ -76,6 +77,15 @@ def default_node_id(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
+ENDED_GRACE_S = 3.0
+
+
+def _ended_answer(why: str) -> ExecOutcome:
+    """What a command in a container its own commands ended gets (exec and diff alike)."""
+    return ExecOutcome(returncode=-1, output=f"[envd: {why}]\n", timed_out=False, truncated=False,
+                       duration_s=0.0, via="none")
+
+
 @dataclass
 class Owned:
     """A container this envd owns."""
@@ -91,6 +101,10 @@ class Owned:
     made_labels: dict[str, str] = field(default_factory=dict)  # its Docker labels
     reuse_cwd: str | None = None  # the repository a reset restores (envd.reuse); None: destroyed when done
     uses: int = 1                 # leases it served, this one included
+    # when its last agent commands ran (wall clock, start and answer): a container that stopped
+    # during one was stopped by it (Envd._ended_by_command)
+    commands: collections.deque[tuple[float, float]] = field(default_factory=lambda: collections.deque(maxlen=4))
+    ended: str | None = None      # why its commands are answered without running: it was ended from inside
 
 
 class Envd:
@@ -333,7 +347,10 @@ class Envd:
         backend = self.backend
         assert backend
         await self.touch(c)
+        if via_shell and c.ended is not None:
+            return _ended_answer(c.ended)
         exec_id = secrets.token_hex(8)
+        started = time.time()
         # Watchdog on the event loop (no thread per exec): if the stream outlives the timeout
         # plus grace, sweep the exec's processes so the blocked reader returns.
         loop = asyncio.get_running_loop()
@@ -345,16 +362,51 @@ class Envd:
                                  cap or self.ecfg.output_cap_bytes, exec_id, stderr, via_shell)
         except NotFound as e:
             self.metrics.execs.labels("error").inc()
+            ended = await self._ended_by_command(c) if via_shell else None
+            if ended is not None:  # the agent's own doing: its episode goes on to no patch
+                c.ended, c.reuse_cwd = ended, None
+                self.metrics.ended_by_command.inc()
+                log.warning("container_ended_by_command", container_id=c.id[:12], lease=c.lease, why=ended)
+                return _ended_answer(ended)
             await self._destroy(c.id, "gone")  # removed behind envd's back: forget it
             raise ApiError(404, str(e)) from None
         finally:
             watchdog.cancel()
+        if via_shell:
+            c.commands.append((started, time.time()))
         await self.touch(c)
         outcome = "timeout" if out.timed_out else ("ok" if out.returncode == 0 else "nonzero")
         self.metrics.execs.labels(outcome).inc()
         self.metrics.exec_via.labels(out.via).inc()
         self.metrics.exec_seconds.observe(out.duration_s)
         return out
+
+    async def _ended_by_command(self, c: Owned) -> str | None:
+        """Why `c` (found not running) was stopped by one of its own commands, or None when nothing
+        shows it was: its main process ended while an agent command that got its answer ran, and
+        the engine sent it no signal then (docker stop or kill, a daemon shutdown). Anything else
+        (removed, stopped between commands, a dockerd restart) stays a lost container."""
+        assert self.backend
+        try:
+            stopped = await self.run(self.backend.stopped, c.id)
+        except Exception:  # the engine cannot say: not the agent's doing as far as envd knows
+            return None
+        if stopped is None:
+            return None
+        at, code = stopped
+        for n, (t0, t1) in enumerate(reversed(c.commands)):
+            # the engine notes the end after it happens (never before), and may note it after the
+            # command's answer: a few seconds' grace after, none before
+            if t0 <= at <= t1 + ENDED_GRACE_S:
+                try:
+                    if await self.run(self.backend.engine_stopped, c.id, t0, t1 + ENDED_GRACE_S):
+                        return None
+                except Exception:
+                    return None
+                which = "its last command" if n == 0 else f"the command {n + 1} before this one"
+                return (f"this container has stopped: {which} ended its main process (exit code {code}); "
+                        f"nothing more runs in it")
+        return None
 
     async def evaluate(self, c: Owned, req: EvaluateReq) -> dict[str, Any]:
         if req.instance is None and req.eval_script is None:

@@ -9,6 +9,7 @@ SWARL_EXEC_ID in its environment, and after a timeout the process tree is swept 
 from __future__ import annotations
 
 import collections
+import datetime
 import io
 import re
 import secrets
@@ -94,6 +95,15 @@ class _CappedBuffer:
 def exec_seconds(timeout: float) -> int:
     """The whole seconds `timeout` gets inside the container (at least 1)."""
     return max(1, round(timeout))
+
+
+def _docker_time(stamp: str) -> float:
+    """Docker's RFC 3339 time (nanoseconds, Z) as a Unix time; 0.0 for none."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$", stamp)
+    if not m or stamp.startswith("0001-"):
+        return 0.0
+    whole = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+    return whole.timestamp() + float(f"0.{m.group(2) or 0}")
 
 
 def _safe_name(s: str) -> str:
@@ -264,6 +274,23 @@ class DockerBackend:
         except docker.errors.NotFound:
             raise NotFound(f"unknown container {container_id}") from None
 
+    def stopped(self, container_id: str) -> tuple[float, int] | None:
+        """(when, exit code) its main process ended, or None while it runs (or is gone)."""
+        try:
+            state = self.client.api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return None
+        if state.get("Running") or state.get("Restarting"):
+            return None
+        return _docker_time(str(state.get("FinishedAt") or "")), int(state.get("ExitCode") or 0)
+
+    def engine_stopped(self, container_id: str, since: float, until: float) -> bool:
+        """Whether the engine itself signalled the container in [since, until] (docker stop, kill or
+        restart, the daemon's own shutdown): its events say so; a process inside leaves only `die`."""
+        events = self.client.api.events(since=int(since), until=int(until) + 1, decode=True,
+                                        filters={"type": "container", "container": container_id})
+        return any(e.get("Action", e.get("status")) in ("kill", "stop", "restart") for e in events)
+
     def changes(self, container_id: str) -> list[tuple[int, str]]:
         """Docker's view of the writable layer (docker diff): (kind 0 changed, 1 added, 2 deleted, path)."""
         return [(int(c["Kind"]), str(c["Path"])) for c in self.client.api.diff(container_id) or []]
@@ -371,12 +398,16 @@ class DockerBackend:
                     return None
                 slot.shell = sh
             buf = _CappedBuffer(cap)
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             try:
                 code = slot.shell.run(script, buf, t0 + secs + self.cfg.kill_grace_s + shell.ANSWER_SLACK_S)
                 note = ""
             except shell.ShellEnded as e:  # killed or robbed: docker exec for the rest of its life
                 slot.broken = True
+                stopped = self.stopped(container_id)
+                if stopped is not None and (stopped[0] < wall0 or self.engine_stopped(container_id, wall0, time.time())):
+                    # it was down before this command came, or the engine stopped it: not the command's doing
+                    raise NotFound(f"container {container_id} is not running") from None
                 code, note = -1, f"\n[envd: {e} before the command's exit code came back]\n"
                 # nobody waits for what the command left running: sweep it, as a timeout would be
                 self.kill_exec(container_id, env[EXEC_MARKER])

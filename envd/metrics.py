@@ -20,6 +20,10 @@ class EnvdMetrics:
                              ["outcome"], registry=r)
         self.exec_via = Counter("envd_exec_via", "Execs by how they ran: shell (the agent container's shell "
                                 "server, envd.exec_shell) or exec (docker exec).", ["via"], registry=r)
+        self.ended_by_command = Counter(
+            "envd_containers_ended_by_command", "Agent containers whose main process one of their own "
+            "commands ended (kill -9 -1): later commands and the diff answer so; never a lost lease.",
+            registry=r)
         self.exec_seconds = Histogram(
             "envd_exec_duration_seconds", "Exec wall time inside envd.", registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180, 600))

@@ -37,6 +37,7 @@ HOSTILE = {
     "memory_hog": Hostile("python3 -c 'a = []\nwhile True: a.append(bytearray(32 << 20))'"),
     "gigabyte_of_output": Hostile("head -c 1000000000 /dev/zero | tr '\\0' a", timeout=8.0),
     "rm_rf_root": Hostile("rm -rf --no-preserve-root / 2>/dev/null; echo gone", timeout=60.0),
+    "kills_its_container": Hostile("kill -9 -1; sleep 3; echo never"),
     "ignores_sigterm": Hostile("trap '' TERM; while :; do sleep 1; done"),
     "ignores_sigterm_in_own_session": Hostile(
         "setsid bash -c 'trap \"\" TERM; while :; do sleep 1; done'; echo never"),
@@ -46,7 +47,7 @@ HOSTILE = {
 }
 # `make test` runs these, those that can only end by their timeout with it cut to FAST_TIMEOUT_S
 # (a short version of the same containment checks); `make chaos` runs every one at full length.
-FAST = {"fork_bomb", "memory_hog", "gigabyte_of_output", "ignores_sigterm", "ignores_sigterm_in_own_session"}
+FAST = {"fork_bomb", "kills_its_container", "memory_hog", "gigabyte_of_output", "ignores_sigterm", "ignores_sigterm_in_own_session"}
 FAST_TIMEOUT_S = 3.0
 TIMED_OUT_ONLY = {"gigabyte_of_output", "ignores_sigterm", "ignores_sigterm_in_own_session"}
 
@@ -122,7 +123,7 @@ async def _run_hostile(name: str, node, image: str, docker_url: str, exec_timeou
             # bounded: the exec's own timeout plus envd's sweep
             assert took < h.timeout + 2 + 15, (took, out)
             assert len(out["output"]) <= CAP + 200, len(out["output"])
-            assert len(lat) >= 3 and _p95(lat) < 200, (name, _p95(lat), max(lat))
+            assert len(lat) >= (3 if took > 1 else 1) and _p95(lat) < 200, (name, _p95(lat), max(lat))
             assert stats["pids_stats"].get("current", 0) <= 256
             if name == "memory_hog":
                 assert out["returncode"] == 137, out                      # OOM-killed inside
@@ -133,9 +134,10 @@ async def _run_hostile(name: str, node, image: str, docker_url: str, exec_timeou
                 left = (await c.post("/container/exec", json={
                     "container_id": cid, "command": "ps -eo args= | grep -cE '^sleep 1$|[t]rap' || true"})).json()
                 assert left["output"].strip() == "0", left                 # the whole tree is gone
-            if name in ("rm_rf_root", "fork_bomb"):
-                # the agent broke its own container: git fails there, which the actor grades as
-                # no patch (never an infrastructure failure that would spare it the -1)
+            if name in ("rm_rf_root", "fork_bomb", "kills_its_container"):
+                # the agent broke its own container: git fails there (or, the container ended by
+                # its command, envd answers so: tests/envd/test_ended_by_command.py), which the
+                # actor grades as no patch (never an infrastructure failure that would spare it the -1)
                 # (git fails, or, when the bomb's forks let it run, leaves no change: the shell's
                 # complaints never count as a patch)
                 d = (await c.post("/container/diff", json={"container_id": cid})).json()
