@@ -4,7 +4,7 @@ learner; episodes per minute.
 It runs the training phase of `swarl demo` as the demo sets it up (swarl.demo.run.Demo: a private
 Redis, the shared Docker engine and the generated suite's cached task images, the tiny model
 warm-started as `make demo` does (cached in ~/.cache/swarl/warmstart), envd, the pool, the CPU
-inference server(s) (--servers, 1 as the demo), the learner with disk weight sync and 2 actors x 3 episodes on the train
+inference server(s) (--servers, 1 as the demo), the learner with disk weight sync and 2 actors x 3 episodes (--concurrency) on the train
 split, configs/demo.yaml) for `--minutes`, without the evaluations before and after, then reads:
 - every episode's trajectory (traj.json metrics): generation = the policy's turns
   (model_query_time_sum), exec = the agent's commands (env_execution_time_sum), grading = the
@@ -129,11 +129,11 @@ def creates(run_dir: Path) -> dict[str, list[float]]:
 
 
 def measure(minutes: float, sets: list[str], run_dir: Path | None, model_dir: Path | None = None,
-            servers: int = 1) -> dict[str, Any]:
+            servers: int = 1, concurrency: int = 3) -> dict[str, Any]:
     from swarl.demo.run import Demo, DemoOptions
 
     demo = Demo(DemoOptions(minutes=minutes, seed=0, sets=tuple(sets), handwritten=False, servers=servers,
-                            run_dir=str(run_dir) if run_dir else None))
+                            concurrency=concurrency, run_dir=str(run_dir) if run_dir else None))
     try:
         demo.run_dir.mkdir(parents=True, exist_ok=True)
         redis_url = demo.start_redis()
@@ -149,7 +149,7 @@ def measure(minutes: float, sets: list[str], run_dir: Path | None, model_dir: Pa
     finally:
         demo.close()
     return {**summarize(demo.run_dir, window, cpu0, cpu1, load0, load1, demo.metrics(), sets, minutes),
-            "servers": servers}
+            "servers": servers, "concurrency": concurrency}
 
 
 def summarize(run_dir: Path, window: float, cpu0: dict[str, float], cpu1: dict[str, float],
@@ -238,11 +238,11 @@ def write_results(all_runs: dict[str, dict[str, Any]]) -> None:
     rows.append(["commit", *(r["commit"] for r in all_runs.values())])
     table = markdown_table(["phase: mean / p50 s (n)", *labels], rows)
     notes = ("Each column: the training phase of `swarl demo` (configs/demo.yaml, generated train split, warm-started "
-             "tiny model, 2 actors x 3 episodes, the CPU servers said) for the minutes shown, evaluations "
+             "tiny model, 2 actors x the episodes each said, the CPU servers said) for the minutes shown, evaluations "
              "left out; `.venv/bin/python benchmarks/demo_episode_cost.py --label <label> --minutes M [--set k=v] "
-             "[--servers N]`. Settings per label: " + "; ".join(
+             "[--servers N] [--concurrency K]`. Settings per label: " + "; ".join(
                  f"{k}: {r['minutes']} min, {' '.join(r['sets']) or 'defaults'}"
-                 + f", {r.get('servers', 2)} server(s)" for k, r in all_runs.items())
+                 + f", {r.get('servers', 2)} server(s), 2 actors x {r.get('concurrency', 3)}" for k, r in all_runs.items())
              + ". Creates from envd's log (the agent's runs beside the first turn); exec, generation and grading "
              "from each episode's trajectory metrics; learner step = step_time_s + checkpoint_s + publish_s. "
              "CPU seconds over the window per process, and per episode (the figure the machine's other load "
@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--servers", type=int, default=1, help="CPU inference servers (the demo's --servers)")
+    ap.add_argument("--concurrency", type=int, default=3, help="episodes each of the 2 actors runs at once (the demo's -k)")
     ap.add_argument("--model", type=Path, default=None,
                     help="a model directory instead of the demo's cached warm start (plumbing checks only)")
     ap.add_argument("--no-record", action="store_true", help="print only; RESULTS.md and the JSON stay")
@@ -271,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.rewrite:
         write_results(json.loads(OUT.read_text()))
         return 0
-    result = from_log(a.from_log) if a.from_log else measure(a.minutes, a.sets, a.run_dir, a.model, a.servers)
+    result = from_log(a.from_log) if a.from_log else measure(a.minutes, a.sets, a.run_dir, a.model, a.servers,
+                                                                               a.concurrency)
     if not a.no_record:
         runs = json.loads(OUT.read_text()) if OUT.exists() else {}
         runs[a.label] = result
