@@ -287,8 +287,10 @@ class DockerBackend:
     def engine_stopped(self, container_id: str, since: float, until: float) -> bool:
         """Whether the engine itself signalled the container in [since, until] (docker stop, kill or
         restart, the daemon's own shutdown): its events say so; a process inside leaves only `die`."""
-        events = self.client.api.events(since=int(since), until=int(until) + 1, decode=True,
-                                        filters={"type": "container", "container": container_id})
+        # read to the end (the engine ends the stream at `until`, a second or so ahead at most), so
+        # the connection goes back to the pool whole
+        events = list(self.client.api.events(since=int(since), until=int(until) + 1, decode=True,
+                                             filters={"type": "container", "container": container_id}))
         return any(e.get("Action", e.get("status")) in ("kill", "stop", "restart") for e in events)
 
     def changes(self, container_id: str) -> list[tuple[int, str]]:
@@ -404,9 +406,7 @@ class DockerBackend:
                 note = ""
             except shell.ShellEnded as e:  # killed or robbed: docker exec for the rest of its life
                 slot.broken = True
-                stopped = self.stopped(container_id)
-                if stopped is not None and (stopped[0] < wall0 or self.engine_stopped(container_id, wall0, time.time())):
-                    # it was down before this command came, or the engine stopped it: not the command's doing
+                if self._down_before_or_by_engine(container_id, wall0):
                     raise NotFound(f"container {container_id} is not running") from None
                 code, note = -1, f"\n[envd: {e} before the command's exit code came back]\n"
                 # nobody waits for what the command left running: sweep it, as a timeout would be
@@ -415,6 +415,17 @@ class DockerBackend:
                                  "shell")
         finally:
             slot.lock.release()
+
+    def _down_before_or_by_engine(self, container_id: str, since: float) -> bool:
+        """Whether a container whose shell ended was down before `since` (the command's start) or
+        stopped by the engine since: then the command did not end it. An engine that cannot say
+        leaves the command's answer as it is."""
+        try:
+            stopped = self.stopped(container_id)
+            return stopped is not None and (stopped[0] < since or
+                                            self.engine_stopped(container_id, since, time.time()))
+        except docker.errors.APIError:
+            return False
 
     def kill_exec(self, container_id: str, exec_id: str) -> None:
         """Kill every process of one exec inside the container (marker in its environment)."""
