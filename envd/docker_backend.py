@@ -98,12 +98,12 @@ def exec_seconds(timeout: float) -> int:
 
 
 def _docker_time(stamp: str) -> float:
-    """Docker's RFC 3339 time (nanoseconds, Z) as a Unix time; 0.0 for none."""
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$", stamp)
-    if not m or stamp.startswith("0001-"):
+    """Docker's RFC 3339 time (nanoseconds, Z) as a Unix time; 0.0 for none (its zero time is year 1)."""
+    try:
+        t = datetime.datetime.fromisoformat(stamp)  # 3.11 reads Z and nanoseconds (to microseconds)
+    except ValueError:
         return 0.0
-    whole = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
-    return whole.timestamp() + float(f"0.{m.group(2) or 0}")
+    return 0.0 if t.year == 1 else t.timestamp()
 
 
 def _safe_name(s: str) -> str:
