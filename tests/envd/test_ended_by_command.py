@@ -109,3 +109,17 @@ def test_the_engine_killing_a_container_during_a_command_is_a_lost_container(api
     with pytest.raises(docker.errors.NotFound):  # and envd forgot it
         dc.api.inspect_container(cid)
     dc.close()
+
+
+def test_a_stop_outside_every_command_is_a_lost_container(api, test_image, docker_url):
+    """The window alone (no engine signal at all): a process the agent left behind ends the
+    container 4 s after its command's answer, past the grace, so nothing shows a command did it.
+    That stays a lost container (docs/reliability.md names this gap)."""
+    cid = _create(api, test_image)
+    dc = docker.DockerClient(base_url=docker_url)
+    out = _exec(api, cid, "setsid sh -c 'sleep 4; kill -9 -1' >/dev/null 2>&1 < /dev/null & echo left").json()
+    assert out["output"] == "left\n", out
+    wait_until(lambda: not dc.api.inspect_container(cid)["State"]["Running"], 15, "the container to stop")
+    r = _exec(api, cid, "echo two")
+    assert r.status_code == 404, r.text
+    dc.close()
