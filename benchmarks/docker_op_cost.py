@@ -2,8 +2,8 @@
 envd's form (`timeout ... bash -lc true`) and of a bare `true`, the same command run inside one
 exec that stays open (what a long-lived shell would pay per command), a command through envd's
 own paths (DockerBackend.exec by docker exec, and through the agent container's shell server,
-envd.exec_shell), and a container's create + start + remove (a grading one, and an agent's with
-the shell server as its main process).
+envd.exec_shell), and a container's create + start + remove (bare; a grading one as envd makes it, with and without
+Docker's network stack, envd.network_disabled; an agent's with the shell server as its main process).
 
 CPU is the whole machine's busy time over the operations (psutil.cpu_times: dockerd, containerd,
 the shims, runc and the container's processes, which no per-process count catches: runc lives
@@ -79,7 +79,15 @@ def main() -> int:
             c.start()
             c.remove(force=True)
 
-        rows["container create + start + remove"] = cost(max(5, a.n // 4), lifecycle)
+        rows["container create + start + remove (Docker's none network)"] = cost(max(5, a.n // 4), lifecycle)
+        for label, disabled in (("grading container: create + start + remove, envd, Docker's none network", False),
+                                ("grading container: create + start + remove, envd, no network stack "
+                                 "(envd.network_disabled)", True)):
+            plain = DockerBackend(EnvdConfig(network_disabled=disabled), "docker-op-cost", ensure_docker())
+            try:
+                rows[label] = cost(max(5, a.n // 4), lambda b=plain: b.destroy(b.create(a.image, "bench", 900, None)[0]))
+            finally:
+                plain.close()
         backend = DockerBackend(EnvdConfig(), "docker-op-cost", ensure_docker())
         agent = backend.create(a.image, "bench", 900, None, with_shell=True)[0]
         try:
@@ -91,7 +99,8 @@ def main() -> int:
             def lifecycle_shell() -> None:
                 backend.destroy(backend.create(a.image, "bench", 900, None, with_shell=True)[0])
 
-            rows["agent container with the shell: create + start + remove"] = cost(max(5, a.n // 4), lifecycle_shell)
+            rows["agent container with the shell: create + start + remove (no network stack)"] = \
+                cost(max(5, a.n // 4), lifecycle_shell)
         finally:
             backend.destroy(agent)
             backend.close()

@@ -13,6 +13,7 @@ import datetime
 import io
 import re
 import secrets
+import shlex
 import tarfile
 import threading
 import time
@@ -36,6 +37,18 @@ EXEC_SOCKET_TIMEOUT_S = 7 * 24 * 3600  # bounded in practice by the in-container
 _SWEEP = ('for p in /proc/[0-9]*; do '
           'if grep -qz "^{var}={id}$" "$p/environ" 2>/dev/null; then kill -9 "${{p#/proc/}}" 2>/dev/null; fi; '
           'done; true')
+
+
+# What Docker writes into /etc/hosts of a container on its `none` network. Created with
+# NetworkDisabled (envd.network_disabled) no one writes it and the init layer's empty file shows
+# ("localhost" would not resolve), so the container's first process writes it, by a rename that
+# no reader sees half done; a command's first docker exec does too when the file is still empty
+# (that process may not have run yet when the exec comes).
+HOSTS = ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\n"
+         "ff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n")
+WRITE_HOSTS = (f"{{ printf %s {shlex.quote(HOSTS)} > /etc/.hosts.$$ && mv -f /etc/.hosts.$$ /etc/hosts; }} "
+               "2>/dev/null\n")
+HOSTS_GUARD = f"[ -s /etc/hosts ] || {WRITE_HOSTS}"
 
 
 class NotFound(LookupError):
@@ -132,6 +145,8 @@ class DockerBackend:
         # containers created with the shell server (envd.exec_shell) -> their attach, once made
         self._shells: dict[str, _ShellSlot] = {}
         self._shells_lock = threading.Lock()
+        # containers without Docker's network stack whose /etc/hosts no exec has made sure of yet
+        self._hosts_pending: set[str] = set()
 
     def close(self) -> None:
         with self._shells_lock:
@@ -191,9 +206,14 @@ class DockerBackend:
             **({shell.LABEL_SHELL: "1"} if with_shell else {}),
         }
         name = f"swarl-{_safe_name(self.node_id)}-{secrets.token_hex(4)}"
+        no_stack = self.network_disabled
+        if with_shell:
+            entrypoint = shell.entrypoint(WRITE_HOSTS if no_stack else "")
+        else:
+            entrypoint = ["sh", "-c", f"{WRITE_HOSTS}exec sleep infinity"] if no_stack else ["sleep", "infinity"]
         c = self.client.containers.create(
             image,
-            entrypoint=shell.ENTRYPOINT if with_shell else ["sleep", "infinity"],
+            entrypoint=entrypoint,
             command=[],
             # the server reads commands on stdin; what it writes goes to envd alone, no log file
             stdin_open=with_shell,
@@ -203,6 +223,7 @@ class DockerBackend:
             detach=True,
             init=True,  # tini as PID 1 reaps the processes timeouts kill
             network_mode=self.cfg.network,
+            network_disabled=no_stack,
             mem_limit=self.cfg.memory,
             pids_limit=self.cfg.pids_limit,
             nano_cpus=int(self.cfg.cpus * 1e9),
@@ -221,7 +242,15 @@ class DockerBackend:
         if with_shell:
             with self._shells_lock:
                 self._shells[c.id] = _ShellSlot()  # attached on its first command
+        elif no_stack:  # the shell server writes /etc/hosts before it reads a command
+            with self._shells_lock:
+                self._hosts_pending.add(c.id)
         return c.id, name, labels
+
+    @property
+    def network_disabled(self) -> bool:
+        """Containers are made without Docker's network stack (envd.network_disabled, network none)."""
+        return self.cfg.network == "none" and self.cfg.network_disabled
 
     def forget_shell(self, container_id: str) -> None:
         """Close the attach to a container's shell (it is going away or restarting)."""
@@ -233,6 +262,8 @@ class DockerBackend:
     def destroy(self, container_id: str) -> bool:
         """Remove a container (killing it); False when it was already gone."""
         self.forget_shell(container_id)
+        with self._shells_lock:
+            self._hosts_pending.discard(container_id)
         try:
             self.client.api.remove_container(container_id, force=True, v=True)
             return True
@@ -316,6 +347,14 @@ class DockerBackend:
             with self._shells_lock:
                 self._shells[container_id] = _ShellSlot()
 
+    def settle(self, container_id: str) -> None:
+        """Make sure a container without Docker's network stack has its /etc/hosts (its first process
+        may not have written it yet), before its files are compared (envd.reuse)."""
+        if self.network_disabled:
+            with self._shells_lock:
+                self._hosts_pending.discard(container_id)
+            self.run(container_id, ["sh", "-c", HOSTS_GUARD])
+
     def restore(self, container_id: str, path: str, archive: bytes) -> None:
         parent = path.rstrip("/").rpartition("/")[0] or "/"
         if not self.client.api.put_archive(container_id, parent, archive):
@@ -348,7 +387,10 @@ class DockerBackend:
             out = self._exec_in_shell(container_id, command, cwd, environment, secs, cap, stderr)
             if out is not None:
                 return out
-        cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", command]
+        with self._shells_lock:
+            first = container_id in self._hosts_pending
+            self._hosts_pending.discard(container_id)
+        cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", HOSTS_GUARD + command if first else command]
         t0 = time.monotonic()
         try:
             handle = self.exec_api.exec_create(container_id, cmd, stdout=True, stderr=stderr,

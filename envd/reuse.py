@@ -16,7 +16,8 @@ The reset trusts nothing the episode left:
    could have written (code that would run in the reset): it is deleted and restored from the
    archive taken of the fresh container, then its manifest (every entry's type, mode, owner,
    size and link target, every file's sha256, and /etc/hosts and resolv.conf, which Docker mounts
-   outside its view) must equal the fresh container's, and /etc/hostname hold its own hostname.
+   outside its view or, without its network stack, the container's first process writes at each
+   start) must equal the fresh container's, and /etc/hostname hold its own hostname.
 Any failure destroys the container; the next create makes a fresh one. Ready containers hold no
 lease: a crash leaves them to the next start-up's orphan sweep.
 """
@@ -37,7 +38,8 @@ log = get_logger("envd.reuse")
 
 BASELINES_MAX = 256  # images whose fresh state is remembered (least recently used forgotten)
 # the manifest of a repository (a directory's size is the filesystem's, not its content), then the
-# files Docker writes into a container and mounts over the image's: the same for every container
+# files Docker writes into a container and mounts over the image's (without its network stack, the
+# /etc/hosts the container's first process wrote, envd.network_disabled): the same for every container
 # of a node but /etc/hostname, which must hold the container's own hostname
 MANIFEST = ('cd / && { find "$1" -type d -printf "%y %m %U %G %p\\n"; '
             'find "$1" ! -type d -printf "%y %m %U %G %s %p -> %l\\n"; } | LC_ALL=C sort && '
@@ -67,6 +69,7 @@ class Ops(Protocol):
     def changes(self, cid: str) -> list[tuple[int, str]]: ...
     def snapshot(self, cid: str, path: str, max_bytes: int) -> bytes | None: ...
     def restart(self, cid: str) -> None: ...
+    def settle(self, cid: str) -> None: ...
     def restore(self, cid: str, path: str, archive: bytes) -> None: ...
     def run(self, cid: str, argv: list[str]) -> tuple[int, str]: ...
 
@@ -99,6 +102,7 @@ def manifest(ops: Ops, cid: str, cwd: str) -> str:
 def capture(ops: Ops, cid: str, cwd: str, max_bytes: int) -> Baseline:
     """The fresh container's state (nothing ran in it yet): what each reset must restore."""
     info = ops.inspect(cid)
+    ops.settle(cid)
     if info.get("Mounts"):
         raise ResetError("the container has mounts (image volumes), which docker diff does not see")
     outside = frozenset(c for c in ops.changes(cid) if not under(c[1], cwd))
@@ -113,6 +117,7 @@ def reset(ops: Ops, cid: str, base: Baseline) -> None:
     if str(ops.inspect(cid).get("Image")) != base.image_id:
         raise ResetError("the container runs another image than the baseline's")
     ops.restart(cid)
+    ops.settle(cid)
     outside = frozenset(c for c in ops.changes(cid) if not under(c[1], base.cwd))
     if outside != base.outside:
         extra = sorted(p for _, p in outside ^ base.outside)

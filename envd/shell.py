@@ -62,6 +62,11 @@ echo ended >&2
 exec sleep infinity
 """
 ENTRYPOINT = ["sh", "-c", SERVER]
+
+
+def entrypoint(prologue: str = "") -> list[str]:
+    """The server as a container's main process, after `prologue` (sh, run before the first command is read)."""
+    return ["sh", "-c", prologue + SERVER]
 LABEL_SHELL = "swarl.shell"
 HANDSHAKE_S = 5.0
 # after the caller's sweep at timeout + grace, how long the answer may still take: the server

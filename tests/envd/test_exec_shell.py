@@ -100,8 +100,11 @@ def test_a_container_made_without_the_shell_runs_sleep_and_docker_exec(backend, 
     try:
         assert "swarl.shell" not in labels
         attrs = docker.DockerClient(base_url=docker_url).api.inspect_container(cid)
-        assert attrs["Config"]["Entrypoint"] == ["sleep", "infinity"] and not attrs["Config"]["OpenStdin"]
+        # `sleep infinity` (after writing /etc/hosts: envd.network_disabled, tests/envd/test_network_disabled.py)
+        assert attrs["Config"]["Entrypoint"][-1].endswith("exec sleep infinity") and not attrs["Config"]["OpenStdin"]
         assert backend.exec(cid, "echo hi", "/", {}, 10, 1024, via_shell=True).via == "exec"
+        rows = [r[-1] for r in docker.DockerClient(base_url=docker_url).api.top(cid)["Processes"]]
+        assert rows[1:] == ["sleep infinity"] and "docker-init" in rows[0], rows
     finally:
         backend.destroy(cid)
 

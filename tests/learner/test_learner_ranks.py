@@ -39,7 +39,8 @@ def _equivalence(model_dir: Path, out: Path, nproc: int, *sets: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("sets", [(), ("learner.minibatches=2", "learner.epochs=2"),
+# `make test`: one update a step, and two with the trust region; `make long` adds four without it
+@pytest.mark.parametrize("sets", [(), pytest.param(("learner.minibatches=2", "learner.epochs=2"), marks=pytest.mark.long),
                                   ("learner.minibatches=2", "learner.max_update_kl=0.001")],
                          ids=["one_update", "four_updates", "trust_region"])
 def test_torch_data_parallel_two_ranks_equals_one(small_model_dir, tmp_path, sets: tuple[str, ...]) -> None:

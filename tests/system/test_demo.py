@@ -23,7 +23,9 @@ KEYS = {"train_before", "train_after", "heldout_before", "heldout_after", "sampl
 
 def test_one_minute_demo(docker_url, tmp_path) -> None:
     run_dir = tmp_path / "demo"
-    p = swarl("demo", "--minutes", "1", "--actors", "1", "--concurrency", "4", "--servers", "1",
+    # two learner steps, a minute at most: what the test asks of training (a step taken, a version
+    # published and loaded) without a minute of it
+    p = swarl("demo", "--minutes", "1", "--steps", "2", "--actors", "1", "--concurrency", "4", "--servers", "1",
               "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200",
               "--recheck", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
@@ -37,7 +39,7 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     for k in ("train_before", "train_after", "heldout_before", "heldout_after"):
         assert 0.0 <= result[k] <= 1.0, (k, result)
     # it trained: steps were taken and each published a version the servers could load
-    assert result["learner_steps"] >= 1 and result["policy_version"] >= 1, result
+    assert 1 <= result["learner_steps"] <= 2 and result["policy_version"] >= 1, result
     assert result["samples_trained"] > 0
     assert (run_dir / "metrics.jsonl").exists()
     # the plots a newcomer reads: the run's learning.png, and no panel without data
