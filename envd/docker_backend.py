@@ -193,8 +193,10 @@ class DockerBackend:
                with_shell: bool = False) -> tuple[str, str, dict[str, str]]:
         """Create and start a container; answer (id, name, labels). Unknown image -> NotFound.
         `with_shell`: its main process is envd/shell.py's server (an agent's container)."""
-        if not self.has_image(image):
-            raise NotFound(f"unknown image {image} (not on this node)")
+        try:
+            user = str((self.client.api.inspect_image(image).get("Config") or {}).get("User") or "")
+        except docker.errors.ImageNotFound:
+            raise NotFound(f"unknown image {image} (not on this node)") from None
         now = time.time()
         labels = {
             **(extra_labels or {}),
@@ -206,7 +208,8 @@ class DockerBackend:
             **({shell.LABEL_SHELL: "1"} if with_shell else {}),
         }
         name = f"swarl-{_safe_name(self.node_id)}-{secrets.token_hex(4)}"
-        no_stack = self.network_disabled
+        # an image that runs as another user than root could not write /etc/hosts: Docker's stack then
+        no_stack = self.network_disabled and user.split(":")[0] in ("", "root", "0")
         if with_shell:
             entrypoint = shell.entrypoint(WRITE_HOSTS if no_stack else "")
         else:

@@ -61,3 +61,25 @@ def test_other_network_modes_keep_dockers_stack(docker_url):
         assert not b.network_disabled
     finally:
         b.close()
+
+
+def test_an_image_of_another_user_than_root_keeps_dockers_stack(docker_url, test_image):
+    """Its first process could not write /etc/hosts: Docker's `none` network writes it instead."""
+    client = docker.DockerClient(base_url=docker_url)
+    box = client.containers.create(test_image, ["true"])
+    tag = "swarl-test/not-root:latest"
+    box.commit(repository=tag.split(":")[0], tag="latest", changes=["USER nobody"])
+    box.remove()
+    b = DockerBackend(EnvdConfig(), "test-netless", docker_url)
+    cid = b.create(tag, "netless", 600, None)[0]
+    try:
+        attrs = client.api.inspect_container(cid)
+        assert b.network_disabled and not attrs["Config"].get("NetworkDisabled")
+        out = b.exec(cid, "id -un; getent hosts localhost", "/", {}, 30, 65536)
+        user, address = [*out.output.split(), "", ""][:2]
+        assert out.returncode == 0 and user == "nobody" and address in ("::1", "127.0.0.1"), out
+    finally:
+        b.destroy(cid)
+        b.close()
+        client.images.remove(tag, force=True)
+        client.close()
