@@ -242,11 +242,10 @@ class DockerBackend:
         except Exception:
             c.remove(force=True)
             raise
-        if with_shell:
-            with self._shells_lock:
+        with self._shells_lock:
+            if with_shell:
                 self._shells[c.id] = _ShellSlot()  # attached on its first command
-        elif no_stack:  # the shell server writes /etc/hosts before it reads a command
-            with self._shells_lock:
+            if no_stack:  # until a docker exec has made sure of it (a shell's command goes after its prologue)
                 self._hosts_pending.add(c.id)
         return c.id, name, labels
 
@@ -393,7 +392,9 @@ class DockerBackend:
         with self._shells_lock:
             first = container_id in self._hosts_pending
             self._hosts_pending.discard(container_id)
-        cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", HOSTS_GUARD + command if first else command]
+        cmd = ["timeout", "-s", "KILL", f"{secs}s", "bash", "-lc", command]
+        if first:  # the guard runs first, in a bash that becomes the command (its text, lines and env stay its own)
+            cmd = ["bash", "-c", f'{HOSTS_GUARD}exec "$@"', "bash", *cmd]
         t0 = time.monotonic()
         try:
             handle = self.exec_api.exec_create(container_id, cmd, stdout=True, stderr=stderr,
