@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shlex
 import time
 from dataclasses import dataclass, replace
@@ -56,7 +57,9 @@ TIMED_OUT_ONLY = {"gigabyte_of_output", "ignores_sigterm", "ignores_sigterm_in_o
 def node(docker_url, envd_token, tmp_path_factory, test_image):
     from fixtures_envd import start_envd
 
-    svc = start_envd(envd_token, tmp_path_factory.mktemp("hostile-envd"), "hostile-node", sets=LIMITS,
+    # a node id of its own: xdist may start this module's fixture on both workers, and an envd's start-up
+    # sweep destroys the containers of its node id that it does not own
+    svc = start_envd(envd_token, tmp_path_factory.mktemp("hostile-envd"), f"hostile-{secrets.token_hex(3)}", sets=LIMITS,
                      env={"DOCKER_HOST": docker_url, "SWARL_REDIS_URL": ""})
     yield svc
     svc.stop()

@@ -7,6 +7,7 @@ commands or during one) stays a lost container: that is infrastructure, not the 
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module", params=["shell", "docker_exec"])
 def api(request, docker_url: str, envd_token: str, tmp_path_factory) -> Iterator[httpx.Client]:
     sets = [] if request.param == "shell" else ["envd.exec_shell=false"]
-    svc = start_envd(envd_token, tmp_path_factory.mktemp("ended-envd"), f"ended-{request.param}", sets=sets,
+    svc = start_envd(envd_token, tmp_path_factory.mktemp("ended-envd"), f"ended-{request.param}-{secrets.token_hex(3)}", sets=sets,
                      env={"DOCKER_HOST": docker_url, "SWARL_REDIS_URL": "", **NO_GRADE_CACHE})
     try:
         with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {svc.token}"}, timeout=90) as c:
