@@ -27,8 +27,8 @@ class EnvdConfig(Section):
         True, description="With network `none`: containers are created with Docker's NetworkDisabled, which "
         "leaves Docker's network stack out (no libnetwork sandbox or endpoint, no prestart hook running dockerd "
         "again per start): runc still gives each container a network namespace of its own with only loopback "
-        "up, and the container's first process writes the /etc/hosts Docker would have (localhost). Half the "
-        "engine's CPU per container (benchmarks/RESULTS.md docker_op_cost), and out of reach of Docker "
+        "up, and the container's first process writes the /etc/hosts Docker would have (localhost). A third "
+        "less CPU per container (benchmarks/RESULTS.md docker_op_cost), and out of reach of Docker "
         "20.10's endpoint deadlock under container churn (moby/moby#46661). false: Docker's own `none` "
         "network. Other network modes ignore it.")
     memory: str = Field("4g", description="Memory limit per container (docker syntax, e.g. 4g).")
