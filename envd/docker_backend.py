@@ -167,13 +167,6 @@ class DockerBackend:
         return sorted(t for img in self.client.api.images() for t in (img.get("RepoTags") or [])
                       if t != "<none>:<none>")
 
-    def has_image(self, image: str) -> bool:
-        try:
-            self.client.images.get(image)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-
     def image_id(self, image: str) -> str | None:
         """The id `image` (a name) resolves to on this node, or None."""
         try:

@@ -61,18 +61,17 @@ done
 echo ended >&2
 exec sleep infinity
 """
-ENTRYPOINT = ["sh", "-c", SERVER]
-
-
-def entrypoint(prologue: str = "") -> list[str]:
-    """The server as a container's main process, after `prologue` (sh, run before the first command is read)."""
-    return ["sh", "-c", prologue + SERVER]
 LABEL_SHELL = "swarl.shell"
 HANDSHAKE_S = 5.0
 # after the caller's sweep at timeout + grace, how long the answer may still take: the server
 # gives cat ~2.4 s, and a loaded machine the rest
 ANSWER_SLACK_S = 6.0
 _ENV_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def entrypoint(prologue: str = "") -> list[str]:
+    """The server as a container's main process, after `prologue` (sh, run before the first command is read)."""
+    return ["sh", "-c", prologue + SERVER]
 
 
 class ShellEnded(RuntimeError):
