@@ -76,7 +76,10 @@ def _steps(cfg: LearnerConfig, model_dir: str, steps: int) -> dict[str, Any]:
     for step in range(1, steps + 1):
         shard = shard_step(batch(step, vocab, minibatches=mbs, aggregation=cfg.aggregation),
                            backend.dp_size)[backend.dp_rank]
-        out["stats"].append(train_step(backend, shard, cfg))
+        st = train_step(backend, shard, cfg)
+        if "update_kl" in st:  # each rank holds its share (learner.trainer sums them so)
+            st["update_kl_ranks"] = backend.dp_sum(st["update_kl"])
+        out["stats"].append(st)
         with torch.no_grad():
             out["logprobs"].append(torch.cat([backend.logprobs(mb, grad=False, with_entropy=False)[0]
                                               .detach().float().cpu() for mb in probe]))

@@ -3,10 +3,10 @@ optimizer updates, and the diagnostics people read to judge whether RL is workin
 
 A step is `learner.epochs` passes over the batch, each pass `learner.minibatches` optimizer
 updates (minibatches of whole groups); gradients accumulate over a minibatch's packed
-micro-batches. With one update the proximal policy (the parameters before the step) is the
-policy of that update's own forward, so its logprobs are that forward's, detached; with more,
-a no-grad pass before the first update computes them, and the clip acts against them from the
-second update on. One policy version is published per step (learner.loop).
+micro-batches. The proximal policy is the parameters before the step: on the first update's
+minibatch its logprobs are that update's own forward's, detached (nothing has moved yet); on the
+other minibatches a no-grad pass before the first update computes them, and the clip acts
+against them from the second update on. One policy version is published per step (learner.loop).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from learner.advantages import grpo_steps, shuffle_episode_rewards
 from learner.assembly import Batch
-from learner.backends.base import TrainBackend
+from learner.backends.base import LossFn, TrainBackend
 from learner.config import LearnerConfig
 from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
 from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_positions
@@ -107,25 +107,33 @@ def _microbatches(items: list[TrainItem], cfg: LearnerConfig) -> list[MicroBatch
             if mb.targets.numel() > 0]
 
 
+def keep_prox(mb: MicroBatch, lp: torch.Tensor) -> None:
+    """The proximal policy's per-slot logprobs `lp` on the micro-batch (prox_logp) and its items
+    (for a backend that re-lays a micro-batch out from its items)."""
+    if lp.numel() != mb.targets.numel():
+        raise ValueError(f"proximal logprobs for {lp.numel()} slots, the micro-batch has {mb.targets.numel()}")
+    mb.prox_logp = lp
+    off = 0
+    for it in mb.items:  # slots in sample order, one per token that carries loss
+        pos = slot_positions(it)
+        it.prox_logp = np.zeros(len(it.tokens), dtype=np.float32)
+        it.prox_logp[1:][pos] = lp[off:off + len(pos)].numpy()
+        off += len(pos)
+
+
 def proximal_pass(backend: TrainBackend, mbs: list[MicroBatch]) -> None:
-    """The policy before the step's first update (no grad), on each micro-batch (prox_logp) and
-    its items (for a backend that re-lays a micro-batch out from its items)."""
+    """The policy before the step's first update (no grad), on each micro-batch."""
     for mb in mbs:
         with torch.no_grad():
-            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
-        mb.prox_logp = lp
-        off = 0
-        for it in mb.items:  # slots in sample order, one per token that carries loss
-            pos = slot_positions(it)
-            it.prox_logp = np.zeros(len(it.tokens), dtype=np.float32)
-            it.prox_logp[1:][pos] = lp[off:off + len(pos)].numpy()
-            off += len(pos)
+            keep_prox(mb, backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu())
 
 
-def update_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int) -> float:
+def update_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int, known: float | None = None) -> float:
     """How far the step's updates moved the policy on the batch's sampled tokens: k3 of
-    KL(prox || new) after the last update, weighted as the loss is (this rank's share)."""
-    total = 0.0
+    KL(prox || new) after the last update, weighted as the loss is (this rank's share). `known`:
+    the last minibatch's, already measured at the final parameters and summed over the ranks
+    (the trust region's), in place of a pass over it (`mbs` are then the other minibatches')."""
+    total = known / n_minibatches if known is not None and backend.dp_rank == 0 else 0.0
     for mb in mbs:
         assert mb.prox_logp is not None
         with torch.no_grad():
@@ -152,17 +160,32 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
     every_mb = [mb for mbs in mbs_of for mb in mbs]
     trust = cfg.max_update_kl is not None
-    if not single or cfg.update_kl or trust:  # the proximal policy's logprobs, before any update moves it
-        proximal_pass(backend, every_mb)
+    # the proximal policy's logprobs, before any update moves it: the first update's forward
+    # gives them on its own minibatch, where the backend's loss sees each of the rank's
+    # micro-batches (not on a pipeline stage before the last); a no-grad pass on the others
+    own = backend.loss_sees_every_microbatch
+    if not single or cfg.update_kl or trust:
+        proximal_pass(backend, [mb for mbs in (mbs_of[1:] if own else mbs_of) for mb in mbs])
 
-    def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_for(mbs: list[MicroBatch]) -> LossFn:
+        order = iter(mbs)  # loss_fn sees the rank's micro-batches in order (maybe re-laid out)
+
+        def loss_fn(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+            orig = next(order) if own else mb
+            return micro_loss(logp, ent, mb, orig)
+
+        return loss_fn
+
+    def micro_loss(logp: torch.Tensor, ent: torch.Tensor | None, mb: MicroBatch, orig: MicroBatch
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
         dev = logp.device
-        if single:  # one update: the proximal policy is this very forward's (no second pass)
+        if single or orig.prox_logp is None:  # the step's first update: nothing has moved yet
             prox = logp.detach()
+            if orig.prox_logp is None:
+                keep_prox(orig, prox.float().cpu())
         else:
-            assert mb.prox_logp is not None
-            prox = mb.prox_logp.to(dev)
+            prox = orig.prox_logp.to(dev)
         if ent is not None and not cfg.entropy_coef:
             ent = ent.detach()
         ref = backend.ref_logprobs(mb) if cfg.kl_coef else None
@@ -176,11 +199,12 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     grad_norms: list[float] = []
     spiked = backtracked = 0
     alpha_min = 1.0
+    last_kl: float | None = None  # the trust region's KL on the last update's minibatch, at the final parameters
     lr = 0.0
     for _ in range(cfg.epochs):
         for mbs in mbs_of:
             upd: dict[str, float] = defaultdict(float)
-            for st in backend.train_microbatches(mbs, loss_fn):
+            for st in backend.train_microbatches(mbs, loss_for(mbs)):
                 w_max = max(w_max, st.pop("imp_weight_max"))
                 st.pop("weight_sum", None)
                 for k, v in st.items():
@@ -189,8 +213,8 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             out = backend.step(spikes.threshold() if spikes is not None else None)
             if before is not None:  # learner.max_update_kl: scale the update back into the region
                 assert cfg.max_update_kl is not None
-                alpha, out["update_kl_minibatch"] = constrain(backend, before, mbs, cfg.max_update_kl,
-                                                              cfg.max_update_kl_tries)
+                alpha, last_kl = constrain(backend, before, mbs, cfg.max_update_kl, cfg.max_update_kl_tries)
+                out["update_kl_minibatch"] = last_kl
                 backtracked += alpha < 1.0
                 alpha_min = min(alpha_min, alpha)
                 del before
@@ -202,7 +226,8 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             if per_update is not None:
                 per_update.append({**upd, **out})
     if cfg.update_kl:
-        sums["update_kl"] = update_kl(backend, every_mb, len(parts))
+        measured = [mb for mbs in (mbs_of[:-1] if last_kl is not None else mbs_of) for mb in mbs]
+        sums["update_kl"] = update_kl(backend, measured, len(parts), last_kl)
     for mb in every_mb:
         sums["tokens"] += mb.n_tokens
         sums["positions"] += mb.n_positions

@@ -32,6 +32,14 @@ class TrainBackend(Protocol):
         """Number of data-parallel shards of a step (1 on a single process)."""
         ...
 
+    @property
+    def loss_sees_every_microbatch(self) -> bool:
+        """Whether train_microbatches calls `loss_fn` on this rank for each of its micro-batches,
+        in order, with their slots in order (not on a pipeline stage before the last): the step's
+        first update's forward then gives the proximal logprobs of its minibatch (learner.train).
+        The same on every rank."""
+        ...
+
     def train_microbatches(self, mbs: list[MicroBatch], loss_fn: LossFn) -> list[dict[str, float]]:
         """COLLECTIVE over the data-parallel and model-parallel peers. Forward and backward
         every micro-batch of this rank's shard, accumulating gradients; gradients are reduced

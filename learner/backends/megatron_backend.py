@@ -197,6 +197,11 @@ class MegatronBackend:
 
         return int(ps.get_data_parallel_world_size())
 
+    @property
+    def loss_sees_every_microbatch(self) -> bool:
+        # Megatron's schedule calls the loss on the last pipeline stage only
+        return self.cfg.pipeline_parallel == 1
+
     # -- training: DDP + Megatron optimizer + forward_backward_func -------------------------
     def _init_training(self, bucket_size: int | None) -> None:
         from megatron.core.distributed import (

@@ -75,6 +75,10 @@ class TorchBackend:
     def dp_size(self) -> int:
         return self._world
 
+    @property
+    def loss_sees_every_microbatch(self) -> bool:
+        return True
+
     def _logits(self, model: Any, mb: MicroBatch) -> torch.Tensor:
         kw: dict[str, Any] = {}
         if mb.packed and self.cfg.attention == "varlen":

@@ -63,6 +63,9 @@ def test_torch_data_parallel_two_ranks_equals_one(small_model_dir, tmp_path, set
     # the reduced gradient is the sum over ranks, not their mean (Adam alone would hide a 2x)
     for a, b in zip(one["stats"], two["stats"], strict=True):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        # the step's update KL: each rank's share (the trust region's measure of the last
+        # minibatch, already summed over ranks, counted once) adds up to the one rank's
+        assert b["update_kl_ranks"] == pytest.approx(a["update_kl_ranks"], rel=1e-3) and a["update_kl_ranks"] > 0
     # the runs really trained: the first step's logprobs differ from the third's
     assert float((one["logprobs"][0] - one["logprobs"][-1]).abs().max()) > 1e-4
 

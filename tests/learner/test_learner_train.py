@@ -13,6 +13,7 @@ from learner.assembly import Assembler
 from learner.backends.torch_backend import TorchBackend
 from learner.checkpoint import LearnerState
 from learner.config import LearnerConfig
+from learner.losses import kl_k3
 from learner.packing import make_microbatches
 from learner.train import batch_items, finish_stats, train_step
 
@@ -204,6 +205,75 @@ def test_several_updates_clip_against_the_proximal_policy(small_model_dir) -> No
     # on-policy samples: the proximal policy is the behaviour policy, so no mismatch
     assert m["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["update_kl"] > 0 and m["grad_norm_max"] >= m["grad_norm"] > 0
+
+
+class EveryMinibatchPassed(TorchBackend):
+    """The torch backend as a pipeline stage before the last sees it: no proximal logprobs from
+    the first update's forward, a no-grad pass over every minibatch instead."""
+
+    @property
+    def loss_sees_every_microbatch(self) -> bool:
+        return False
+
+
+def _counted(backend: TorchBackend) -> list[int]:
+    """Counts the backend's no-grad forwards (micro-batches through logprobs(grad=False))."""
+    calls = [0]
+    inner = backend.logprobs
+
+    def logprobs(mb, *, grad, with_entropy):
+        calls[0] += not grad
+        return inner(mb, grad=grad, with_entropy=with_entropy)
+
+    backend.logprobs = logprobs  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("trust", [None, 1e-5])
+def test_the_first_update_is_its_own_proximal_pass(small_model_dir, monkeypatch, trust: float | None) -> None:
+    """The first update's forward gives its minibatch's proximal logprobs: the same step to 1e-6
+    as with a no-grad pass over every minibatch, with that pass one minibatch shorter. With the
+    trust region (a bound of 1e-5 scales every update back) its measure of the last update is
+    the last minibatch's update KL: the pass after the step leaves it out, and the step's
+    update KL is still the one a forward at the final parameters gives."""
+    import learner.train as train
+
+    cfg = LearnerConfig(lr=3e-3, minibatches=2, epochs=2, max_update_kl=trust, max_update_kl_tries=10)
+    batch = many_groups_batch(small_model_dir, n_groups=4)
+    after_pass: list[int] = []  # micro-batches the update-KL pass ran over
+    inner = train.update_kl
+    monkeypatch.setattr(train, "update_kl", lambda b, mbs, n, known=None: (after_pass.append(len(mbs)),
+                                                                            inner(b, mbs, n, known))[1])
+    runs = []
+    for cls in (EveryMinibatchPassed, TorchBackend):
+        backend = cls(cfg, small_model_dir)
+        calls = _counted(backend)
+        items, _ = batch_items(batch, cfg)
+        per: list[dict[str, float]] = []
+        m = finish_stats(train_step(backend, items, cfg, per))
+        runs.append((m, per, _params(backend), calls[0], items, backend))
+    (m0, per0, p0, n0, items0, _), (m1, per1, p1, n1, items1, b1) = runs
+    assert max(float((p0[k] - p1[k]).abs().max()) for k in p0) <= 1e-6
+    for k in ("loss", "pg_loss", "clip_frac", "ratio_mean", "update_kl", "behav_kl", "mismatch_kl"):
+        assert m1[k] == pytest.approx(m0[k], abs=1e-6), k
+    assert [u["grad_norm"] for u in per1] == pytest.approx([u["grad_norm"] for u in per0], rel=1e-5)
+    for a, b in zip(items0, items1, strict=True):  # the proximal logprobs each sample trained against
+        assert a.prox_logp is not None and b.prox_logp is not None
+        assert np.abs(a.prox_logp - b.prox_logp).max() <= 1e-6
+    first = len(make_microbatches([it for it in items1 if it.minibatch == 0], cfg.max_tokens_per_microbatch))
+    last = len(make_microbatches([it for it in items1 if it.minibatch == 1], cfg.max_tokens_per_microbatch))
+    assert n0 - n1 == first, (n0, n1, first)  # saved: the first minibatch's proximal pass
+    assert after_pass == [first if trust else first + last] * 2
+    # the update KL against a forward of every minibatch at the final parameters
+    every = make_microbatches(items1, cfg.max_tokens_per_microbatch)
+    want = 0.0
+    for mb in every:
+        lp = b1.logprobs(mb, grad=False, with_entropy=False)[0].detach()
+        assert mb.prox_logp is not None
+        want += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum()) / 2
+    assert m1["update_kl"] == pytest.approx(want, rel=1e-4, abs=1e-9)
+    if trust:
+        assert m1["update_backtracked"] == 4 and m1["update_kl"] > 0
 
 
 def test_diagnostics_of_a_step(small_model_dir) -> None:
