@@ -62,8 +62,9 @@ class LearnerConfig(Section):
         4, ge=1, description="Optimizer updates per pass over a training batch: the batch is "
         "split into this many minibatches of whole groups (about equal in episodes), one optimizer "
         "step each, as verl's ppo_mini_batch_size. With more than one update (minibatches or "
-        "epochs), the proximal logprobs come from a no-grad pass before the first update and the "
-        "clip acts against them. One policy version is published per batch whatever the count.")
+        "epochs), the proximal logprobs come from the first update's own forward on its minibatch and "
+        "a no-grad pass over the others before it, and the clip acts against them. One policy "
+        "version is published per batch whatever the count.")
     epochs: int = Field(
         1, ge=1, description="Passes over each training batch (each pass takes `minibatches` "
         "optimizer updates).")
@@ -138,7 +139,9 @@ class LearnerConfig(Section):
     mismatch_kl_steps: int = Field(3, ge=1, description="Consecutive steps above mismatch_kl_bound before the warning.")
     update_kl: bool = Field(
         True, description="Measure the KL the step's updates moved the policy (update_kl: a no-grad "
-        "pass after the last update against the proximal logprobs; one forward per step).")
+        "pass after the last update against the proximal logprobs: one forward of the batch a step, "
+        "less the last minibatch under learner.max_update_kl, whose last measure is already at the "
+        "final parameters).")
     rollout_temperature: float = Field(
         1.0, description="Sampling temperature of the actors; the learner's logprobs are of "
         "softmax(logits / T), the distribution the server reports.")

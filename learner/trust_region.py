@@ -19,7 +19,8 @@ backtracking line search, with Adam's direction in place of the natural gradient
 keep the update's gradient. The KL is measured against the proximal policy (before the step's
 first update), so the bound holds for the step's updates together on each minibatch, as PPO's
 clip does. Cost: one no-grad forward of the minibatch per update, one more per halving, and two
-copies of the parameters.
+copies of the parameters; the last update's measure is also the step's update KL on its
+minibatch (learner.train), so that pass is not made twice.
 """
 
 from __future__ import annotations
