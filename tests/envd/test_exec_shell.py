@@ -41,6 +41,14 @@ BOTH_STREAMS = {"code_stdout_stderr_env": "/testbed\nb a'r $x\nerr\n"}
 
 
 @pytest.fixture(scope="module")
+def engine(docker_url: str) -> Iterator[docker.APIClient]:
+    """The Docker API, to look at containers from outside envd (closed after the module)."""
+    client = docker.DockerClient(base_url=docker_url)
+    yield client.api
+    client.close()
+
+
+@pytest.fixture(scope="module")
 def backend(docker_url: str) -> Iterator[DockerBackend]:
     b = DockerBackend(EnvdConfig(), "test-shell", docker_url)
     yield b
@@ -95,15 +103,15 @@ def test_what_the_shell_cannot_pass_goes_by_docker_exec(backend, agent):
     assert out.via == "exec" and out.output.strip() == "1"
 
 
-def test_a_container_made_without_the_shell_runs_sleep_and_docker_exec(backend, test_image, docker_url):
+def test_a_container_made_without_the_shell_runs_sleep_and_docker_exec(backend, test_image, engine):
     cid, _, labels = backend.create(test_image, "shell-test", 600, None)
     try:
         assert "swarl.shell" not in labels
-        attrs = docker.DockerClient(base_url=docker_url).api.inspect_container(cid)
+        attrs = engine.inspect_container(cid)
         # `sleep infinity` (after writing /etc/hosts: envd.network_disabled, tests/envd/test_network_disabled.py)
         assert attrs["Config"]["Entrypoint"][-1].endswith("exec sleep infinity") and not attrs["Config"]["OpenStdin"]
         assert backend.exec(cid, "echo hi", "/", {}, 10, 1024, via_shell=True).via == "exec"
-        rows = [r[-1] for r in docker.DockerClient(base_url=docker_url).api.top(cid)["Processes"]]
+        rows = [r[-1] for r in engine.top(cid)["Processes"]]
         assert rows[1:] == ["sleep infinity"] and "docker-init" in rows[0], rows
     finally:
         backend.destroy(cid)
@@ -116,32 +124,31 @@ def test_a_restarted_container_gets_a_new_shell(backend, agent):
     assert (out.via, out.output, out.returncode) == ("shell", "two\n", 0)
 
 
-def _pids(docker_url: str, cid: str) -> int:
-    return int(docker.DockerClient(base_url=docker_url).api.stats(cid, stream=False)["pids_stats"]["current"])
+def _pids(engine: docker.APIClient, cid: str) -> int:
+    return int(engine.stats(cid, stream=False)["pids_stats"]["current"])
 
 
-def test_no_pid_to_fork_ends_the_server_not_the_container(backend, agent, docker_url):
+def test_no_pid_to_fork_ends_the_server_not_the_container(backend, agent, engine):
     """dash exits when a fork fails (CI saw a fork bomb take every pid between two of the server's
     forks): the container must live on, as it did under `sleep infinity`, and envd go by docker exec."""
     assert backend.exec(agent, "echo warm", "/", {}, 10, 1024, via_shell=True).via == "shell"
-    api = docker.DockerClient(base_url=docker_url).api
 
     def pids_limit(n: int) -> None:  # docker-py's update_container has no pids_limit; the Engine API does
-        api._raise_for_status(api._post_json(api._url("/containers/{0}/update", agent), data={"PidsLimit": n}))
+        engine._raise_for_status(engine._post_json(engine._url("/containers/{0}/update", agent), data={"PidsLimit": n}))
 
-    pids_limit(_pids(docker_url, agent))  # the idle server's own: no fork left
+    pids_limit(_pids(engine, agent))  # the idle server's own: no fork left
     t0 = time.monotonic()
     out = backend.exec(agent, "echo lost", "/", {}, 30, 1024, via_shell=True)
     assert (out.via, out.returncode, out.timed_out) == ("shell", -1, False), out
     assert "shell ended" in out.output and time.monotonic() - t0 < 10, out
     pids_limit(256)
-    assert api.inspect_container(agent)["State"]["Running"]
+    assert engine.inspect_container(agent)["State"]["Running"]
     after = backend.exec(agent, "echo back; ps -o args= --ppid 1", "/", {}, 10, 1024, via_shell=True)
     assert (after.via, after.returncode) == ("exec", 0), after
     assert after.output.startswith("back\n") and "sleep infinity" in after.output, after.output
 
 
-def test_a_command_that_ends_the_servers_loop_is_answered_and_swept(backend, agent, docker_url):
+def test_a_command_that_ends_the_servers_loop_is_answered_and_swept(backend, agent):
     # the loop is the main process's child (pid 1 is Docker's init); what the command left running
     # is killed with it, as after a timeout
     loop = "$(ps -o pid= --ppid $(ps -o pid= --ppid 1 | head -1) | head -1)"
