@@ -164,7 +164,8 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     # gives them on its own minibatch, where the backend's loss sees each of the rank's
     # micro-batches (not on a pipeline stage before the last); a no-grad pass on the others
     own = backend.loss_sees_every_microbatch
-    if not single or cfg.update_kl or trust:
+    keep = not single or cfg.update_kl or trust  # a later pass reads the proximal logprobs
+    if keep:
         proximal_pass(backend, [mb for mbs in (mbs_of[1:] if own else mbs_of) for mb in mbs])
 
     def loss_for(mbs: list[MicroBatch]) -> LossFn:
@@ -182,7 +183,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         dev = logp.device
         if single or orig.prox_logp is None:  # the step's first update: nothing has moved yet
             prox = logp.detach()
-            if orig.prox_logp is None:
+            if keep and orig.prox_logp is None:
                 keep_prox(orig, prox.float().cpu())
         else:
             prox = orig.prox_logp.to(dev)
