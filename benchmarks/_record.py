@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from common.marked import replace_marked
+from common.provenance import code_version, describe
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADER = "# Benchmark results\n\nEach section is rewritten by its script (`.venv/bin/python benchmarks/<name>.py`).\n"
@@ -19,7 +20,8 @@ def record(name: str, table_md: str, summary: dict, notes: str = "") -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = (
         f"<!-- {name}:start -->\n## {name}\n\n"
-        f"Run {stamp} on {platform.machine()}, {_cores()} cores, Python {platform.python_version()}.\n\n"
+        f"Run {stamp} at {describe(code_version())} on {platform.machine()}, {_cores()} cores, "
+        f"Python {platform.python_version()}.\n\n"
         f"{table_md.strip()}\n\n"
         + (f"{notes.strip()}\n\n" if notes else "")
         + f"```json\n{json.dumps(summary, sort_keys=True)}\n```\n<!-- {name}:end -->"

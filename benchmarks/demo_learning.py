@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the packages before this folder (benchmarks/weight_sync.py), which Python put first
 
 from _record import markdown_table, record  # noqa: E402
+from common.provenance import describe  # noqa: E402
 from swarl.demo.choice import evaluations as choice_evaluations  # noqa: E402
 from swarl.demo.choice import summary as choice_summary  # noqa: E402
 from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, curves, markdown, plot, write_doc  # noqa: E402
@@ -96,6 +97,18 @@ def short_arms(runs: dict[str, list[dict]]) -> str:
         return ""
     sft = " (an RL arm's SFT control takes as many steps as it did)" if any(a == "rl" for a, _ in short) else ""
     return f" Stopped by the minutes bound before their steps: {'; '.join(s for _, s in short)}{sft}."
+
+
+def code_clause(runs: dict[str, list[dict]]) -> str:
+    """The code every recorded arm ran (its result's `code`, common.provenance): one commit, or
+    which arms ran which, so that a record of arms run over several commits says so."""
+    by: dict[str, list[str]] = {}
+    for arm, rs in runs.items():
+        for r in (x["result"] for x in rs):
+            by.setdefault(describe(r.get("code")), []).append(f"seed {r['seed']}'s {arm} arm")
+    if len(by) == 1:
+        return f" Every arm ran at {next(iter(by))}."
+    return " The arms ran at " + "; ".join(f"{c} ({', '.join(arms)})" for c, arms in sorted(by.items())) + "."
 
 
 def collect(run_dir: Path, expected: list[int] | None = None) -> dict:
@@ -209,6 +222,7 @@ def main() -> int:
                          for r in attached)
     how = (f"`{meta.get('command', 'benchmarks/demo_learning.py')}`{design}{wall}: {budget} "
            f"({steps[0]}–{steps[-1]} learner steps, {samples[0]}–{samples[-1]} samples trained{temp}).{short_arms(data['runs'])}"
+           f"{code_clause(data['runs'])}"
            f"{trained_on}{partial}{attached_s} "
            f"Controls at the same seed: the same run with rewards permuted across each batch "
            f"(learner.reward_shuffle), and the warm start's SFT continued on its own data for as many steps "

@@ -43,6 +43,7 @@ import yaml
 
 from common.logs import get_logger
 from common.procs import ProcessGroup, Restart, swarl_exe, wait_http
+from common.provenance import code_version
 from common.services import RedisProcess, ensure_docker, free_port, start_redis, wait_port
 from learner.diagnostics import describe
 from swarl.config import (
@@ -122,6 +123,7 @@ class Demo:
         self.redis_restarts = 0
         self.pool_images: threading.Thread | None = None  # builds the pool's images in the background
         self.pool_images_error: BaseException | None = None
+        self.code = code_version()  # read before the run's processes start and import it
 
     def say(self, msg: str) -> None:
         self.console.print(f"[bold cyan]swarl demo[/] {msg}")
@@ -666,6 +668,7 @@ class Demo:
                 "train_pool": self.o.train_pool, "train_tasks_seen": self.tasks_seen(),
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
                 "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
+                "code": self.code,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),
                 "restarts": {p.name: len(p.restarts) for p in self.procs.procs if p.restarts}
                 | ({"redis": self.redis_restarts} if self.redis_restarts else {})}

@@ -52,3 +52,16 @@ def test_an_arm_short_of_its_steps_is_named() -> None:
     assert "seed 3's rl arm 78 of 90" in note and "seed 0" not in note and "SFT control" in note, note
     note = short_arms({"rl": [arm(4, 90)], "shuffled": [arm(4, 85)]})
     assert "seed 4's shuffled arm 85 of 90" in note and "SFT" not in note, note
+
+
+def test_the_code_each_arm_ran_is_named() -> None:
+    from demo_learning import code_clause
+
+    def arm(seed: int, commit: str | None, dirty: bool = False) -> dict:
+        return {"result": {"seed": seed, **({"code": {"commit": commit, "dirty": dirty}} if commit else {})}}
+
+    a, b = "a" * 40, "b" * 40
+    assert code_clause({"rl": [arm(0, a), arm(1, a)], "shuffled": [arm(0, a), arm(1, a)]}) == " Every arm ran at aaaaaaa."
+    note = code_clause({"rl": [arm(0, a), arm(1, b)], "shuffled": [arm(0, a, dirty=True), arm(1, None)]})
+    assert note == (" The arms ran at aaaaaaa (seed 0's rl arm); aaaaaaa with uncommitted changes (seed 0's shuffled "
+                    "arm); bbbbbbb (seed 1's rl arm); code not recorded (seed 1's shuffled arm)."), note

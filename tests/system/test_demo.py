@@ -11,6 +11,8 @@ import re
 import pytest
 from system_helpers import swarl
 
+from common.provenance import code_version
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KEYS = {"train_before", "train_after", "heldout_before", "heldout_after", "samples_trained",
@@ -83,6 +85,7 @@ def test_seeds_equal_steps_and_shared_before(docker_url, tmp_path) -> None:
     rl, sh = (json.loads((run_dir / "seed-0" / arm / "result.json").read_text()) for arm in ("rl", "shuffled"))
     assert rl["learner_steps"] == sh["learner_steps"] == 2, (rl, sh)
     assert rl["steps_budget"] == sh["steps_budget"] == 2
+    assert rl["code"] == sh["code"] == code_version()  # the record names the code the run was
     learning = json.loads((run_dir / "seed-0" / "shuffled" / "learning.json").read_text())
     assert learning["before_from"] == str(run_dir / "seed-0" / "rl")
     for split in ("train", "heldout", "heldout_family"):
