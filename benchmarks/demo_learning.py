@@ -106,6 +106,8 @@ def code_clause(runs: dict[str, list[dict]]) -> str:
     for arm, rs in runs.items():
         for r in (x["result"] for x in rs):
             by.setdefault(describe(r.get("code")), []).append(f"seed {r['seed']}'s {arm} arm")
+    if list(by) == [describe(None)]:
+        return " The arms did not record their code (runs from before common.provenance)."
     if len(by) == 1:
         return f" Every arm ran at {next(iter(by))}."
     return " The arms ran at " + "; ".join(f"{c} ({', '.join(arms)})" for c, arms in sorted(by.items())) + "."

@@ -62,6 +62,7 @@ def test_the_code_each_arm_ran_is_named() -> None:
 
     a, b = "a" * 40, "b" * 40
     assert code_clause({"rl": [arm(0, a), arm(1, a)], "shuffled": [arm(0, a), arm(1, a)]}) == " Every arm ran at aaaaaaa."
+    assert "did not record" in code_clause({"rl": [arm(0, None)], "shuffled": [arm(0, None)]})
     note = code_clause({"rl": [arm(0, a), arm(1, b)], "shuffled": [arm(0, a, dirty=True), arm(1, None)]})
     assert note == (" The arms ran at aaaaaaa (seed 0's rl arm); aaaaaaa with uncommitted changes (seed 0's shuffled "
                     "arm); bbbbbbb (seed 1's rl arm); code not recorded (seed 1's shuffled arm)."), note
