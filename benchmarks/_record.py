@@ -11,6 +11,7 @@ from common.marked import replace_marked
 from common.provenance import code_version, describe
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+CODE = code_version()  # read when the benchmark starts, before it writes its own outputs into the checkout
 HEADER = "# Benchmark results\n\nEach section is rewritten by its script (`.venv/bin/python benchmarks/<name>.py`).\n"
 
 
@@ -20,7 +21,7 @@ def record(name: str, table_md: str, summary: dict, notes: str = "") -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = (
         f"<!-- {name}:start -->\n## {name}\n\n"
-        f"Run {stamp} at {describe(code_version())} on {platform.machine()}, {_cores()} cores, "
+        f"Run {stamp} at {describe(CODE)} on {platform.machine()}, {_cores()} cores, "
         f"Python {platform.python_version()}.\n\n"
         f"{table_md.strip()}\n\n"
         + (f"{notes.strip()}\n\n" if notes else "")
