@@ -9,8 +9,8 @@ demo: setup
 
 # does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run,
 # 90 learner steps an arm with the trust region (benchmarks/demo_learning.py DESIGN); writes
-# benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section. ~65 min a seed on 2 idle
-# cores with envd's grade cache and shell and one inference server (~5.4 h for 5; the proof, without them, ~7 h); ARGS="--seeds 0,1" to shorten, ARGS="--from-run runs/X" to record seeds already run
+# benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section. ~50 min a seed on 2 idle
+# cores with today's defaults (4.2 h for 5, runs/proof-nd; the first proof, without them, ~7 h); ARGS="--seeds 0,1" to shorten, ARGS="--from-run runs/X" to record seeds already run
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
 
