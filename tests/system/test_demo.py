@@ -42,6 +42,8 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
         assert 0.0 <= result[k] <= 1.0, (k, result)
     # it trained: steps were taken and each published a version the servers could load
     assert 1 <= result["learner_steps"] <= 2 and result["policy_version"] >= 1, result
+    here = code_version()  # the result names the code it ran (by commit: a parallel test may touch a file)
+    assert (result["code"] and result["code"]["commit"]) == (here and here["commit"]), result
     assert result["samples_trained"] > 0
     assert (run_dir / "metrics.jsonl").exists()
     # the plots a newcomer reads: the run's learning.png, and no panel without data
