@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     record("learner_settings", table, {"steps": o.steps, "seeds": seeds},
            notes=f"Reading task (swarl learning-check), {o.steps} learner steps per run, seeds {seeds}; every "
                  "setting is the check's defaults (learner.minibatches 4, epochs 1, lr 3e-4, kl_coef 0, token "
-                 "aggregation, group 8, batch 64) with the named change. CPU seconds of all the run's processes. "
+                 "aggregation, group 8, batch 64, max_update_kl 0.05) with the named change. CPU seconds of all the run's processes. "
                  "Curves: benchmarks/learner_settings.png.")
 
 
