@@ -124,7 +124,7 @@ SETTINGS: dict[str, Any] = {
     "admission.batch_size": 64, "admission.max_staleness": 1,
     "learner.n_samples_per_prompt": 8, "learner.minibatches": 4, "learner.epochs": 1, "learner.lr": 3e-4,
     "learner.kl_coef": 0.0, "learner.aggregation": "token", "learner.threads": 1,
-    # the trust region (docs/learner.md): the jump from chance to reading moved the policy 0.2-0.8
+    # the trust region (docs/learner.md): the jump from chance to reading moved the policy 0.15-0.76
     # a step in KL, garbled answers for a step or two, and once (a CI run under load) it never
     # recovered; 0.05 a minibatch leaves ordinary steps alone (their update KL is 0.01-0.06)
     "learner.max_update_kl": 0.05,
