@@ -30,6 +30,10 @@ sys.path[:0] = [str(HERE.parent)]  # the packages before benchmarks/ (benchmarks
 from benchmarks._record import markdown_table, record  # noqa: E402
 from swarl.learning_check import SETTINGS, CheckOptions, run_check  # noqa: E402
 
+# the check's defaults the record names (read from SETTINGS, so the record cannot drift from it)
+SHOWN = ("learner.minibatches", "learner.epochs", "learner.lr", "learner.kl_coef", "learner.aggregation",
+         "learner.n_samples_per_prompt", "admission.batch_size", "learner.max_update_kl")
+
 # name -> overrides of the learning check's defaults (SETTINGS)
 VARIANTS: dict[str, dict[str, Any]] = {
     "the check's default: 4 minibatches, lr 3e-4": {},
@@ -131,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     plot(results, HERE / "learner_settings.png")
     record("learner_settings", table, {"steps": o.steps, "seeds": seeds},
            notes=f"Reading task (swarl learning-check), {o.steps} learner steps per run, seeds {seeds}; every "
-                 "setting is the check's defaults (learner.minibatches 4, epochs 1, lr 3e-4, kl_coef 0, token "
-                 "aggregation, group 8, batch 64, max_update_kl 0.05) with the named change. CPU seconds of all the run's processes. "
+                 f"setting is the check's defaults ({', '.join(f'{k} {SETTINGS[k]}' for k in SHOWN)}) with the "
+                 "named change. CPU seconds of all the run's processes. "
                  "Curves: benchmarks/learner_settings.png.")
 
 
