@@ -7,6 +7,11 @@ warm start never conditions its edit on the code), so gold is about half of the 
 edits. No Docker, no servers: HF generate on CPU.
 
     .venv/bin/python benchmarks/warmstart_reading.py --on practice --demos 9600 --epochs 1
+    .venv/bin/python benchmarks/warmstart_reading.py --names all --seed 1       # practice names
+    .venv/bin/python benchmarks/warmstart_reading.py --model runs/X/model/warm  # probe a warm start
+
+`inspect` is the share of first replies that type the right inspection (the issue's function
+name copied): on held-out rows that name occurs nowhere in training.
 
 The last line is one JSON object.
 """
@@ -36,39 +41,53 @@ def main() -> int:
     from swarl.config import REPO_ROOT
     from swarl.demo.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
     from swe.tasks import load_tasks
-    from swe.tasks.generated import demo_row, get_instance, inspect_output, practice
+    from swe.tasks.generated import PRACTICE_NAMES, demo_row, get_instance, inspect_output, practice
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--on", choices=("train", "practice"), default="practice")
     ap.add_argument("--demos", type=int, default=4000, help="practice instances (--on practice)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--names", choices=PRACTICE_NAMES, default="train",
+                    help="practice instances' function names (swe.tasks.generated.practice)")
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's: 0.7)")
+    ap.add_argument("--seed", type=int, default=0, help="the warm start's seed, and the draws'")
+    ap.add_argument("--model", type=Path, help="probe this warm-started model (a demo run's model/warm) "
+                    "instead of training one")
     a = ap.parse_args()
     torch.set_num_threads(2)
-    work = Path(tempfile.mkdtemp(prefix="swarl-warmstart-reading-"))
-    base = init_tiny(work / "base", seed=a.seed)
-    tok = AutoTokenizer.from_pretrained(base)
-    enc = ChatEncoder(tok)
-    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
-    rows = ([(demo_row(i), i) for i in practice(a.demos, seed=a.seed)] if a.on == "practice"
-            else load_tasks("train", suite="generated"))
-    seqs = demonstrations(rows, tpl, enc, every_edit=a.on == "train")
+    torch.manual_seed(a.seed)
     t0 = time.monotonic()
+    if a.model is not None:
+        warm = a.model
+        tok = AutoTokenizer.from_pretrained(warm)
+        enc = ChatEncoder(tok)
+        tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+        seqs: list = []
+    else:
+        work = Path(tempfile.mkdtemp(prefix="swarl-warmstart-reading-"))
+        base = init_tiny(work / "base", seed=a.seed)
+        tok = AutoTokenizer.from_pretrained(base)
+        enc = ChatEncoder(tok)
+        tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+        rows = ([(demo_row(i), i) for i in practice(a.demos, seed=a.seed, names=a.names)] if a.on == "practice"
+                else load_tasks("train", suite="generated"))
+        seqs = demonstrations(rows, tpl, enc, every_edit=a.on == "train")
 
-    def progress(step: int, total: int, loss: float) -> None:
-        if step % 50 == 0 or step == total:
-            print(f"warm start step {step}/{total} loss {loss:.3f} {time.monotonic() - t0:.0f}s", flush=True)
+        def progress(step: int, total: int, loss: float) -> None:
+            if step % 50 == 0 or step == total:
+                print(f"warm start step {step}/{total} loss {loss:.3f} {time.monotonic() - t0:.0f}s", flush=True)
 
-    sft(base, work / "warm", seqs, epochs=a.epochs, lr=a.lr, seed=a.seed, progress=progress)
-    model = AutoModelForCausalLM.from_pretrained(work / "warm", dtype=torch.float32).eval()
+        warm = work / "warm"
+        sft(base, warm, seqs, epochs=a.epochs, lr=a.lr, seed=a.seed, progress=progress)
+    model = AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32).eval()
     action = re.compile(r"```bash\s*\n(.*?)\n```", re.S)
 
     def sample(ids: list[int]) -> list[str | None]:
         x = torch.tensor([ids] * a.samples)
         with torch.no_grad():
-            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0, top_p=1.0,
+            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=a.temperature, top_p=1.0,
                                max_new_tokens=60, eos_token_id=enc.eos_id, pad_token_id=0)
         out = []
         for row in g[:, len(ids):].tolist():
@@ -77,8 +96,10 @@ def main() -> int:
             out.append(found[0] if len(found) == 1 else None)
         return out
 
-    result: dict[str, object] = {"on": a.on, "demos": len(seqs), "epochs": a.epochs,
-                                 "warm_start_s": round(time.monotonic() - t0)}
+    result: dict[str, object] = ({"model": str(a.model)} if a.model is not None else
+                                 {"on": a.on, "names": a.names, "demos": len(seqs), "epochs": a.epochs,
+                                  "seed": a.seed, "warm_start_s": round(time.monotonic() - t0)})
+    result["temperature"] = a.temperature
     shown_other: dict[str, int] = {}
     per_form: dict[str, dict[str, int]] = {}  # family:form -> primitive typed -> count
     for split in ("train", "heldout", "heldout_family"):

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from swe.tasks.generated import edit_reads_line
+from swe.tasks.generated import edit_reads_line, names_function
 
 BIN = 10  # policy versions per bin
 
@@ -64,9 +64,15 @@ def episodes(traj_dir: Path) -> list[tuple[int, bool, bool]]:
 
 def evaluated(eval_dir: Path) -> dict[str, Any] | None:
     """The choice in one evaluation (`<run>/eval/<name>-<split>`, one policy): the share of its
-    episodes whose edit read the line, its 95% half-width, and read_but_failed; None without any."""
-    eps = [(r, bool(edit_failed(m))) for _, m in _read(eval_dir) if (r := edit_reads_line(m)) is not None]
-    return _stats(eps) if eps else None
+    episodes whose edit read the line, its 95% half-width, and read_but_failed; and `named`, the
+    share of all its episodes whose first reply typed the function the issue names (the form a
+    held-out instance asks first: copying a name never seen in training). None without an edit."""
+    read = _read(eval_dir)
+    eps = [(r, bool(edit_failed(m))) for _, m in read if (r := edit_reads_line(m)) is not None]
+    if not eps:
+        return None
+    named = [n for _, m in read if (n := names_function(m)) is not None]
+    return {**_stats(eps), "named": round(sum(named) / len(named), 4) if named else None}
 
 
 def evaluations(eval_root: Path) -> dict[str, dict[str, Any]]:

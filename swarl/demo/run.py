@@ -94,6 +94,7 @@ class DemoOptions:
     warm_seed: int | None = None  # the warm start's seed (model init and SFT); None: `seed`
     sft_on: str = "practice"  # practice: PRACTICE new instances; train: the train split, every plausible edit
     sft_demos: int = PRACTICE  # with sft_on=practice: instances demonstrated (one demonstration each)
+    practice_names: str = "train"  # practice function numbers: train, or all (swe.tasks.generated.practice)
     arm: str = "rl"        # rl | shuffled (the control: rewards permuted across each batch)
     sft_control: bool = True  # rl arm: continue the warm start's SFT for the learner's steps, evaluate it
     handwritten: bool = True  # also evaluate the hand-written suite before and after
@@ -255,7 +256,8 @@ class Demo:
         base = init_tiny(self.run_dir / "model" / "base", seed=ws)
         templates = load_templates(cfg.actor.prompts)
         if self.o.sft_on == "practice":
-            train: list[Any] = [(demo_row(i), i) for i in practice(self.o.sft_demos, seed=ws)]
+            train: list[Any] = [(demo_row(i), i) for i in practice(self.o.sft_demos, seed=ws,
+                                                                    names=self.o.practice_names)]
         elif self.o.sft_on == "train":
             train = self.train_split_rows()
         else:
@@ -806,8 +808,11 @@ def learning_lines(learning: dict[str, Any]) -> str:
     for split in learning["splits"]:
         shown = [f"{name} {ev[f'{name}-{split}']['share']:.2f}" for name in ("before", "after", "sft")
                  if f"{name}-{split}" in ev]
+        named = [f"{name} {e['named']:.2f}" for name in ("before", "after", "sft")
+                 if (e := ev.get(f"{name}-{split}")) and e.get("named") is not None]
         if shown:
-            lines.append(f"  {split:15s} edit reads the line in the evaluation: {', '.join(shown)}")
+            lines.append(f"  {split:15s} edit reads the line in the evaluation: {', '.join(shown)}"
+                         + (f"; first reply names the issue's function: {', '.join(named)}" if named else ""))
     return "\n".join(lines)
 
 

@@ -11,7 +11,8 @@ one the inspected line needs is what RL has to learn from the tests' verdict. Ha
 demonstrations therefore show an edit that does not fix the bug (often one that changes
 nothing). Two sources (swarl demo --sft-on):
 - `practice` (the demo's default): one demonstration on each of N new instances drawn like the
-  train split (train combinations, no held-out path or function number); the primitive shown is
+  train split (train combinations, no held-out path; function numbers the train split's, or every
+  two-digit one: swe.tasks.generated.practice's `names`); the primitive shown is
   the instance's `demo_edit`, which the generator sets from the instance's index so that every
   (code shape, primitive) pair occurs equally often (tests/ops/test_warmstart.py counts them).
 - `train`: the train split, one demonstration per primitive of each instance.

@@ -62,6 +62,14 @@ PER_COMBO = {"train": 3, "heldout": 1, "heldout_family": 1}  # instances per fam
 _FN_NUMBERS = list(range(10, 100))
 HELDOUT_FN_NUMBERS = frozenset(random.Random(GEN_SEED + 1).sample(_FN_NUMBERS, 48))
 TRAIN_FN_NUMBERS = tuple(n for n in _FN_NUMBERS if n not in HELDOUT_FN_NUMBERS)
+# Which function numbers the warm start's practice instances use (`practice(names=...)`): "train",
+# the train split's only; or "all", every two-digit number, a held-out name's too. With the 42
+# train numbers alone the tiny model may learn a lookup over their digit pairs instead of copying
+# the issue's name, and then types a train name for a held-out one: on the held-out combinations
+# the recipe's warm starts of seeds 0-3 typed the issue's name in 0.19-1.00 of their first
+# replies (docs/demo.md "Copying a name"). Under "all" the held-out instances' names still occur
+# nowhere in RL's training (train split, pool), and practice never shows a held-out instance.
+PRACTICE_NAMES = ("train", "all")
 ARGS = ("value", "limit", "left", "right", "amount", "extra", "start", "stop", "first", "second",
         "item", "bound")
 DOCSTRINGS = ("Return the result for the given inputs.", "Used by the reports.", "Keep this fast.")
@@ -262,15 +270,19 @@ def _function(rng: random.Random, fam: Family, form: Form, layout: str, fn: str
 
 
 def _instance(rng: random.Random, split: str, fam: Family, combo: tuple[int, int, int], index: int,
-              used: set[str], demo_edit: int = 0, prefix: str = "") -> Instance:
+              used: set[str], demo_edit: int = 0, prefix: str = "", every_number: bool = False) -> Instance:
     """`used`: module paths and (buggy function, family) pairs taken; updated with this
     instance's. Held-out instances' buggy functions are also unique among themselves.
-    `prefix`: the instance is named `<prefix><index>` (the pool's: never a suite row's name)."""
+    `prefix`: the instance is named `<prefix><index>` (the pool's: never a suite row's name).
+    `every_number`: function numbers from all of 10-99 (practice instances only)."""
     held = split.startswith("heldout")
     while True:
         pkg, mod = f"lib_{rng.randint(10, 99)}", f"part_{rng.randint(10, 99)}"
-        target = rng.choice(sorted(HELDOUT_FN_NUMBERS)) if held else rng.choice(TRAIN_FN_NUMBERS)
-        others = rng.sample([n for n in TRAIN_FN_NUMBERS if n != target], 3)
+        if every_number and not held:
+            target, *others = rng.sample(_FN_NUMBERS, 4)
+        else:
+            target = rng.choice(sorted(HELDOUT_FN_NUMBERS)) if held else rng.choice(TRAIN_FN_NUMBERS)
+            others = rng.sample([n for n in TRAIN_FN_NUMBERS if n != target], 3)
         fns = [f"fn_{n}" for n in (target, *others)]
         path = f"{pkg}/{mod}.py"
         key = fns[0] if held else f"{fns[0]}:{fam.name}"
@@ -329,10 +341,11 @@ def instances() -> tuple[Instance, ...]:
     return tuple(out)
 
 
-def _train_like(n: int, stream: str, split: str, prefix: str = "") -> list[Instance]:
+def _train_like(n: int, stream: str, split: str, prefix: str = "", every_number: bool = False) -> list[Instance]:
     """`n` instances of the train families in the train combinations drawn from `stream`: the
     k-th of a family has combination k mod 8 and `demo_edit` (k div 8) mod 2. No path of the
-    held-out splits, and no held-out function number (buggy or filler), occurs in them."""
+    held-out splits occurs in them, nor a held-out function number (buggy or filler) unless
+    `every_number`."""
     held = {i.path for i in instances() if i.split != "train"}
     rng = random.Random(stream)
     combos = SPLIT_COMBOS["train"]
@@ -341,17 +354,22 @@ def _train_like(n: int, stream: str, split: str, prefix: str = "") -> list[Insta
         fam = FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]]
         j = k // len(TRAIN_FAMILIES)
         out.append(_instance(rng, split, fam, combos[j % len(combos)], k + 1, set(held),
-                             demo_edit=(j // len(combos)) % len(fam.primitives), prefix=prefix))
+                             demo_edit=(j // len(combos)) % len(fam.primitives), prefix=prefix,
+                             every_number=every_number))
     return out
 
 
-def practice(n: int, seed: int = 0) -> list[Instance]:
+def practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
     """`n` more instances of the train families in the train combinations, for the warm start's
-    demonstrations (no images: a demonstration's observations are computed); no path or
-    function number of the held-out splits occurs in them. The k-th instance of a family has
+    demonstrations (no images: a demonstration's observations are computed); no path of the
+    held-out splits occurs in them, and their function numbers are the train split's (`names`
+    "train") or any two-digit number ("all": copying a name is then shown on held-out names
+    too, none of them a held-out instance's function). The k-th instance of a family has
     combination k mod 8 and `demo_edit` (k div 8) mod 2: over every 16 of a family, each
     (combination, demonstrated primitive) pair once — the edit shown is independent of the code."""
-    return _train_like(n, f"practice-{seed}", "practice")
+    if names not in PRACTICE_NAMES:
+        raise ValueError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {names!r}")
+    return _train_like(n, f"practice-{seed}", "practice", every_number=names == "all")
 
 
 POOL_SPLIT = "pool"
@@ -447,6 +465,22 @@ def edit_reads_line(messages: list[dict[str, Any]]) -> bool | None:
             pattern = re.sub(r"\\(.)", r"\1", s.group(1))
             return bool(pattern) and any(pattern in line for line in body)
     return None
+
+
+_FN_NAME = re.compile(r"\bfn_\d+\b")
+
+
+def names_function(messages: list[dict[str, Any]]) -> bool | None:
+    """Whether an episode's first reply types the function the issue names (the first `fn_<N>` of
+    each: the issue names only the buggy one): the name copied, which inspecting it takes — on a
+    held-out instance a name that occurs nowhere in training. None without a name in the issue
+    or a reply; False for a reply that names no function."""
+    issue = next((str(m.get("content", "")) for m in messages if m.get("role") == "user"), "")
+    reply = next((str(m.get("content", "")) for m in messages if m.get("role") == "assistant"), None)
+    if reply is None or (want := _FN_NAME.search(issue)) is None:
+        return None
+    typed = _FN_NAME.search(reply)
+    return typed is not None and typed.group(0) == want.group(0)
 
 
 def _sed(inst: Instance, prim: Primitive) -> str:

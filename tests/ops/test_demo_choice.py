@@ -20,11 +20,16 @@ from swe.tasks.generated import (
 INSTS = [i for i in instances() if i.family.name in TRAIN_FAMILIES][:20]
 
 
-def _episode(d: Path, name: str, version: int, reads: bool | None, k: int, rc: int | None = None) -> None:
+def _episode(d: Path, name: str, version: int, reads: bool | None, k: int, rc: int | None = None,
+             misnamed: bool = False) -> None:
+    """`misnamed`: the inspection types another function than the issue's (the eval still shows the
+    right one's output: only the name's share may change)."""
     inst = INSTS[k % len(INSTS)]
     gold, wrong = fix_commands(inst)
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "issue"},
-                {"role": "assistant", "content": f"```bash\n{inspect_command(inst)}\n```"},
+    inspect = inspect_command(inst).replace(f"{inst.fn}(", "fn_1000(") if misnamed else inspect_command(inst)
+    messages = [{"role": "system", "content": "sys"},
+                {"role": "user", "content": f"<pr_description>\n{inst.title}\n</pr_description>"},
+                {"role": "assistant", "content": f"```bash\n{inspect}\n```"},
                 {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{inspect_output(inst)}</output>"}]
     if reads is not None:
         messages.append({"role": "assistant", "content": f"```bash\n{gold if reads else wrong[0]}\n```"})
@@ -110,19 +115,22 @@ def test_a_right_choice_in_a_garbled_command_is_counted(tmp_path: Path) -> None:
 
 
 def test_the_choice_in_an_evaluation(tmp_path: Path) -> None:
-    """An evaluation's episodes carry no policy version (one policy): evaluated() reads them all,
-    the run's curve leaves them out, and the seeds summary shows before / after per arm."""
+    """An evaluation's episodes carry no policy version (one policy): evaluated() reads them all
+    (the choice, and the share whose first reply named the issue's function), the run's curve
+    leaves them out, and the seeds summary shows before / after per arm."""
     from swarl.demo.choice import episodes, evaluated, evaluations
 
     ev = tmp_path / "eval"
     for k in range(8):
-        _episode(ev / "after-heldout", f"e{k}", 0, k < 6, k, rc=2 if k == 0 else 0)
+        _episode(ev / "after-heldout", f"e{k}", 0, k < 6, k, rc=2 if k == 0 else 0, misnamed=k in (1, 7))
         _episode(ev / "before-heldout", f"e{k}", 0, k < 4, k, rc=0)
     for split in ("after-heldout", "before-heldout"):
         for m in (ev / split).glob("*/meta.json"):
             m.write_text(json.dumps({"owner": "swarl-eval"}))  # as the evaluation writes it
     after = evaluated(ev / "after-heldout")
-    assert after == {"episodes": 8, "share": 0.75, "half_width": after["half_width"], "read_but_failed": 0.125}
+    assert after == {"episodes": 8, "share": 0.75, "half_width": after["half_width"], "read_but_failed": 0.125,
+                     "named": 0.75}
+    assert evaluated(ev / "before-heldout")["named"] == 1.0
     assert episodes(ev / "after-heldout") == []
     assert set(evaluations(ev)) == {"after-heldout", "before-heldout"} and evaluations(tmp_path / "none") == {}
     rl = [{"seed": s, "splits": {}, "eval_choice": {"before-heldout": {"share": 0.5}, "after-heldout": {"share": 0.7 + 0.01 * s},

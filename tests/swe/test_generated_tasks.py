@@ -28,9 +28,13 @@ from swe.tasks import load_tasks
 from swe.tasks.generated import (
     FAMILIES,
     HELDOUT_FAMILIES,
+    HELDOUT_FN_NUMBERS,
+    LAYOUTS,
     PRIMITIVES,
+    SPLIT_COMBOS,
     SPLITS,
     TRAIN_FAMILIES,
+    TRAIN_FN_NUMBERS,
     apply_edits,
     best_fixed_policy,
     edit_reads_line,
@@ -40,6 +44,7 @@ from swe.tasks.generated import (
     inspect_output,
     instances,
     main,
+    names_function,
     practice,
     resolves,
 )
@@ -90,7 +95,7 @@ def test_heldout_repositories_and_families_are_unseen() -> None:
         assert any((c[0], c[2], c[3]) == (f, form, layout) for c in trained)
     train_text = "\n".join([f for r in train for f in get_instance(r["instance_id"]).files.values()]
                            + [r["problem_statement"] for r in train])
-    warm = practice(PRACTICE)
+    warm = practice(PRACTICE)  # the default names; under names="all" they do occur (the next test)
     warm_text = "\n".join(f for i in warm for f in i.files.values())
     named = set(re.findall(r"\bfn_\d+\b", warm_text)) | set(re.findall(r"\bfn_\d+\b", train_text))
     for r in held:  # a held-out repository's module path and buggy function never occur in training
@@ -99,6 +104,23 @@ def test_heldout_repositories_and_families_are_unseen() -> None:
         assert inst.fn not in named, r["instance_id"]
         pkg, mod = inst.path.removesuffix(".py").split("/")
         assert f"from {pkg}.{mod} import" not in train_text, r["instance_id"]
+
+
+def test_practice_names_all_show_every_number_never_a_heldout_instance() -> None:
+    """`practice(names="all")`: the buggy functions are numbered from every two-digit number, the
+    held-out names included (so copying one is demonstrated), in train combinations and never at a
+    held-out path; the default names are the train split's, as before."""
+    every = practice(PRACTICE, seed=1, names="all")
+    assert [i.fn for i in practice(64, seed=1)] == [i.fn for i in practice(64, seed=1, names="train")]
+    assert all(int(i.fn.removeprefix("fn_")) in TRAIN_FN_NUMBERS for i in practice(256, seed=1))
+    buggy_numbers = {int(i.fn.removeprefix("fn_")) for i in every}
+    assert buggy_numbers == set(range(10, 100)) and HELDOUT_FN_NUMBERS < buggy_numbers
+    held = [i for i in instances() if i.split != "train"]
+    assert not {i.path for i in held} & {i.path for i in every}
+    combos = {(i.wording, i.family.forms.index(i.form), LAYOUTS.index(i.layout)) for i in every}
+    assert combos == set(SPLIT_COMBOS["train"])
+    with pytest.raises(ValueError, match="practice names"):
+        practice(4, names="wide")
 
 
 def test_no_fixed_symptom_table_beats_chance() -> None:
@@ -203,3 +225,21 @@ def test_edit_reads_line_tells_the_deciding_choice() -> None:
             assert edit_reads_line(messages) is reads, (inst.name, command)
             assert edit_reads_line(messages[:4]) is None  # inspected, never edited
             assert edit_reads_line(messages[:2] + messages[4:]) is None  # edited blind
+
+
+def test_names_function_reads_the_first_reply() -> None:
+    """The first reply's first function name against the issue's: a longer number that starts
+    with the same digits is another name; no name in the issue or no reply: no answer."""
+    inst = next(i for i in instances() if i.split == "heldout")
+    n = inst.fn.removeprefix("fn_")
+    issue = {"role": "user", "content": f"<pr_description>\n{inst.title}\n</pr_description>"}
+
+    def reply(text: str) -> dict[str, str]:
+        return {"role": "assistant", "content": f"THOUGHT: read\n\n```bash\n{text}\n```"}
+
+    later = [{"role": "user", "content": "<output>\n</output>"}, reply(inspect_command(inst))]
+    assert names_function([issue, reply(inspect_command(inst))]) is True
+    assert names_function([issue, reply(f"grep -rn -A2 'def fn_{n}1(' ."), *later]) is False
+    assert names_function([issue, reply("ls"), *later]) is False
+    assert names_function([issue]) is None
+    assert names_function([{"role": "user", "content": "no name"}, reply(inspect_command(inst))]) is None
