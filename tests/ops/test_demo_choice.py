@@ -140,3 +140,21 @@ def test_the_choice_in_an_evaluation(tmp_path: Path) -> None:
     row = agg["eval_choice"]["heldout"]
     assert row["before"]["mean"] == 0.5 and row["rl"]["mean"] == 0.71 and row["shuffled"]["mean"] == 0.51
     assert "| held-out combinations | 0.500 [0.500, 0.500] | 0.710 [" in markdown(agg, {"how": "synthetic"})
+
+
+def test_the_run_report_shows_the_choice_and_the_name_per_evaluation() -> None:
+    """The run's last lines give, per split, the evaluated choice and (where recorded) the share
+    of first replies that named the issue's function, before / after / SFT control."""
+    from swarl.demo.run import learning_lines
+
+    rate = {"rate": 0.5}
+    split = {"before": rate, "after": rate, "change": {"change": 0.0, "ci": [0.0, 0.0]}}
+    learning = {"splits": {"heldout": split, "train": split},
+                "eval_choice": {"before-heldout": {"share": 0.52, "named": 0.19},
+                                "after-heldout": {"share": 0.61, "named": 0.94},
+                                "before-train": {"share": 0.5, "named": None}}}
+    text = learning_lines(learning)
+    held = next(x for x in text.splitlines() if x.strip().startswith("heldout") and "evaluation" in x)
+    assert "before 0.52, after 0.61" in held and "names the issue's function: before 0.19, after 0.94" in held
+    train = next(x for x in text.splitlines() if x.strip().startswith("train") and "evaluation" in x)
+    assert "before 0.50" in train and "names" not in train
