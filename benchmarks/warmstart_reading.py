@@ -11,7 +11,7 @@ edits. No Docker, no servers: HF generate on CPU.
     .venv/bin/python benchmarks/warmstart_reading.py --model runs/X/model/warm  # probe a warm start
 
 `inspect` is the share of first replies that type the right inspection (the issue's function
-name copied): on held-out rows that name occurs nowhere in training.
+name copied): on held-out rows, with `--names train`, a name no demonstration typed.
 
 The last line is one JSON object.
 """
