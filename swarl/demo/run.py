@@ -134,8 +134,12 @@ class Demo:
         return self.config().keys
 
     def config(self, **extra: Any) -> SwarlConfig:
+        from swe.tasks.generated import PRACTICE_NAMES
+
         if self.o.arm not in ARMS:
             raise ConfigError(f"arm: one of {', '.join(ARMS)}, got {self.o.arm!r}")
+        if self.o.practice_names not in PRACTICE_NAMES:  # before anything starts, not at the warm start
+            raise ConfigError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {self.o.practice_names!r}")
         base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}",
                 *(["actor.prm.enable=true"] if self.o.prm else []),
                 *(["learner.reward_shuffle=true"] if self.o.arm == "shuffled" else []),
@@ -806,10 +810,9 @@ def learning_lines(learning: dict[str, Any]) -> str:
         lines.append("  " + choice_line(learning["choice"]))
     ev = learning.get("eval_choice") or {}
     for split in learning["splits"]:
-        shown = [f"{name} {ev[f'{name}-{split}']['share']:.2f}" for name in ("before", "after", "sft")
-                 if f"{name}-{split}" in ev]
-        named = [f"{name} {e['named']:.2f}" for name in ("before", "after", "sft")
-                 if (e := ev.get(f"{name}-{split}")) and e.get("named") is not None]
+        evals = [(name, e) for name in ("before", "after", "sft") if (e := ev.get(f"{name}-{split}"))]
+        shown = [f"{name} {e['share']:.2f}" for name, e in evals]
+        named = [f"{name} {e['named']:.2f}" for name, e in evals if e.get("named") is not None]
         if shown:
             lines.append(f"  {split:15s} edit reads the line in the evaluation: {', '.join(shown)}"
                          + (f"; first reply names the issue's function: {', '.join(named)}" if named else ""))

@@ -57,8 +57,9 @@ PER_COMBO = {"train": 3, "heldout": 1, "heldout_family": 1}  # instances per fam
 
 # Identifiers are numbered (package lib_<a>, module part_<b>, functions fn_<c>): with digits as
 # single tokens the tiny model learns within its warm start to copy a number from what it reads.
-# Held-out instances' buggy functions use numbers that occur nowhere in training (train split,
-# practice instances, any filler function), so what to type for them has to be read.
+# Held-out instances' buggy functions use numbers that occur nowhere in RL's training (train
+# split, pool, any filler function) nor, unless practice(names="all"), in the warm start's
+# practice instances, so what to type for them has to be read.
 _FN_NUMBERS = list(range(10, 100))
 HELDOUT_FN_NUMBERS = frozenset(random.Random(GEN_SEED + 1).sample(_FN_NUMBERS, 48))
 TRAIN_FN_NUMBERS = tuple(n for n in _FN_NUMBERS if n not in HELDOUT_FN_NUMBERS)
@@ -473,8 +474,8 @@ _FN_NAME = re.compile(r"\bfn_\d+\b")
 def names_function(messages: list[dict[str, Any]]) -> bool | None:
     """Whether an episode's first reply types the function the issue names (the first `fn_<N>` of
     each: the issue names only the buggy one): the name copied, which inspecting it takes — on a
-    held-out instance a name that occurs nowhere in training. None without a name in the issue
-    or a reply; False for a reply that names no function."""
+    held-out instance a name RL never trained on. None without a name in the issue or a reply;
+    False for a reply that names no function."""
     issue = next((str(m.get("content", "")) for m in messages if m.get("role") == "user"), "")
     reply = next((str(m.get("content", "")) for m in messages if m.get("role") == "assistant"), None)
     if reply is None or (want := _FN_NAME.search(issue)) is None:

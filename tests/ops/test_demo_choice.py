@@ -158,3 +158,15 @@ def test_the_run_report_shows_the_choice_and_the_name_per_evaluation() -> None:
     assert "before 0.52, after 0.61" in held and "names the issue's function: before 0.19, after 0.94" in held
     train = next(x for x in text.splitlines() if x.strip().startswith("train") and "evaluation" in x)
     assert "before 0.50" in train and "names" not in train
+
+
+def test_a_bad_practice_names_value_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """`--practice-names` is checked with the config, before Redis, Docker or the warm start."""
+    import pytest
+
+    from swarl.config import ConfigError
+    from swarl.demo.run import Demo, DemoOptions
+
+    with pytest.raises(ConfigError, match="practice names: one of train, all, got 'wide'"):
+        Demo(DemoOptions(run_dir=str(tmp_path / "run"), practice_names="wide")).config()
+    assert Demo(DemoOptions(run_dir=str(tmp_path / "run"), practice_names="all")).config().run.seed == 0
