@@ -673,6 +673,7 @@ class Demo:
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
                 "train_pool": self.o.train_pool, "train_tasks_seen": self.tasks_seen(),
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
+                "practice_names": self.o.practice_names,
                 "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
                 "code": self.code,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),
