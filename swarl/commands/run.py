@@ -59,6 +59,9 @@ def demo(
     """The local CPU run: Redis, Docker, task images, tiny model, envd, pool, inference, actors,
     learner; trains for --minutes and prints resolve rates before and after with 95% intervals
     and the SFT control's (last line: JSON)."""
+    from swarl.demo import kernels
+
+    kernels.pin()  # before any tensor op here; the demo's processes inherit it (swarl/demo/kernels.py)
     from common.logs import setup_logging
     from swarl.config import ConfigError
     from swarl.demo.run import DemoOptions, run_demo, run_seeds

@@ -54,6 +54,7 @@ from swarl.config import (
     load_config,
     rollout_temperature_error,
 )
+from swarl.demo import kernels
 from swarl.demo.choice import evaluations as choice_evaluations
 from swarl.demo.choice import line as choice_line
 from swarl.demo.choice import summary as choice_summary
@@ -270,7 +271,8 @@ class Demo:
                               cwd=cfg.actor.cwd, step_limit=cfg.actor.step_limit,
                               every_edit=self.o.sft_on == "train")
         self.warm_seqs = seqs  # the SFT control continues on them
-        h = hashlib.sha256(json.dumps([seqs, self.o.sft_epochs, self.o.sft_lr, ws]).encode()).hexdigest()[:16]
+        # the kernels too: the same seed trains another model under other float kernels (kernels.py)
+        h = hashlib.sha256(json.dumps([seqs, self.o.sft_epochs, self.o.sft_lr, ws, kernels.in_force()]).encode()).hexdigest()[:16]
         cached = CACHE / "warmstart" / h
         out = self.run_dir / "model" / "warm"
         if not (cached / "model.safetensors").exists():
@@ -673,7 +675,7 @@ class Demo:
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
                 "train_pool": self.o.train_pool, "train_tasks_seen": self.tasks_seen(),
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
-                "practice_names": self.o.practice_names,
+                "practice_names": self.o.practice_names, "cpu_kernels": kernels.in_force(),
                 "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
                 "code": self.code,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),

@@ -6,7 +6,9 @@ JSON line."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 from system_helpers import swarl
@@ -45,6 +47,10 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     here = code_version()  # the result names the code it ran (by commit: a parallel test may touch a file)
     assert (result["code"] and result["code"]["commit"]) == (here and here["commit"]), result
     assert result["samples_trained"] > 0
+    # the demo pinned its CPU kernels before its first tensor op (swarl/demo/kernels.py)
+    assert result["cpu_kernels"]["mkl_cbwr"] == os.environ.get("MKL_CBWR", "AVX2"), result["cpu_kernels"]
+    if "ATEN_CPU_CAPABILITY" not in os.environ and "avx2" in Path("/proc/cpuinfo").read_text():
+        assert result["cpu_kernels"]["aten"] == "AVX2", result["cpu_kernels"]  # on an AVX-512 CPU too
     assert (run_dir / "metrics.jsonl").exists()
     # the plots a newcomer reads: the run's learning.png, and no panel without data
     plots = {p.name for p in (run_dir / "plots").glob("*.png")}
