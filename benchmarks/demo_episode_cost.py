@@ -284,4 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from swarl.demo import kernels
+
+    kernels.pin()  # the kernels `swarl demo` pins: the same warm start (swarl/demo/kernels.py)
     raise SystemExit(main())

@@ -132,4 +132,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from swarl.demo import kernels
+
+    kernels.pin()  # the kernels `swarl demo` pins: the same warm start (swarl/demo/kernels.py)
     raise SystemExit(main())
