@@ -12,6 +12,7 @@ seed and the code alone. On a machine with AVX-512 this costs that machine's wid
 from __future__ import annotations
 
 import os
+import platform
 
 # torch's ATen kernels (its own dispatch, read at the process's first tensor op) and MKL's
 # Conditional Numerical Reproducibility branch (read at its first call)
@@ -21,10 +22,11 @@ PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 def pin() -> dict[str, str]:
     """Set each pin the environment does not set already (an operator's own value wins), in this
     process before its first tensor op and, through the environment, in every process it starts.
-    Returns the values in force."""
-    for key, value in PINS.items():
-        os.environ.setdefault(key, value)
-    return {key: os.environ[key] for key in PINS}
+    Returns the pins now in the environment. Not on other architectures (no AVX2 there, nor MKL)."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for key, value in PINS.items():
+            os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in PINS if key in os.environ}
 
 
 def in_force() -> dict[str, str]:
