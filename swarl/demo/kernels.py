@@ -6,7 +6,8 @@ likewise; a sum over other vector widths rounds in another order. Twenty warm-st
 differ in the weights (by ~1e-5), and the 1,200 steps of the warm start grow that into another
 policy: the same seed and code gave a different warm start on another machine (docs/demo.md
 "Same seed, another machine"). Pinned, the warm start and every evaluation of it depend on the
-seed and the code alone. On a machine with AVX-512 this costs that machine's wider kernels.
+code, the seed and the thread counts (set by the config, not by the machine's cores) alone. On a
+machine with AVX-512 this costs that machine's wider kernels.
 """
 
 from __future__ import annotations
