@@ -20,14 +20,13 @@ import platform
 PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
-def pin() -> dict[str, str]:
+def pin() -> None:
     """Set each pin the environment does not set already (an operator's own value wins), in this
     process before its first tensor op and, through the environment, in every process it starts.
-    Returns the pins now in the environment. Not on other architectures (no AVX2 there, nor MKL)."""
+    Not on other architectures (no AVX2 there, nor MKL); in_force() says what is in force."""
     if platform.machine().lower() in ("x86_64", "amd64"):
         for key, value in PINS.items():
             os.environ.setdefault(key, value)
-    return {key: os.environ[key] for key in PINS if key in os.environ}
 
 
 def in_force() -> dict[str, str]:
