@@ -37,6 +37,9 @@ def demo(
     practice_names: Annotated[str, typer.Option("--practice-names", help="Function names of the practice "
                                                 "instances: train (the train split's numbers) or all (every "
                                                 "two-digit number: copying a held-out name is shown too).")] = "train",
+    reading_demos: Annotated[int, typer.Option("--reading-demos", help="Warm start: this many more "
+                                               "demonstrations, on families RL never sees (other operators), "
+                                               "each of the correct fix: reading shown where the copy decides.")] = 0,
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
     prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "
                                       "every step on its own server (role prm); actor.prm in the config.")] = False,
@@ -70,7 +73,7 @@ def demo(
     opts = DemoOptions(minutes=minutes, steps=steps or None, seed=seed, actors=actors, concurrency=concurrency, servers=servers,
                        eval_samples=eval_samples, eval_per_family=eval_per_family or None,
                        train_per_family=train_per_family or None, train_pool=train_pool, warm_seed=warm_seed, sft_epochs=sft_epochs, sft_lr=sft_lr, sft_on=sft_on, sft_demos=sft_demos,
-                       practice_names=practice_names, run_dir=run_dir, config=config,
+                       practice_names=practice_names, reading_demos=reading_demos, run_dir=run_dir, config=config,
                        sets=tuple(sets or ()), prm=prm, arm=arm,
                        sft_control=sft_control, handwritten=handwritten, recheck=recheck, pair_forms=pair_forms)
     from common.procs import sigterm_interrupts

@@ -96,6 +96,7 @@ class DemoOptions:
     sft_on: str = "practice"  # practice: PRACTICE new instances; train: the train split, every plausible edit
     sft_demos: int = PRACTICE  # with sft_on=practice: instances demonstrated (one demonstration each)
     practice_names: str = "train"  # practice function numbers: train, or all (swe.tasks.generated.practice)
+    reading_demos: int = 0  # more warm-start demonstrations: the reading families' correct fix (warmstart.py)
     arm: str = "rl"        # rl | shuffled (the control: rewards permuted across each batch)
     sft_control: bool = True  # rl arm: continue the warm start's SFT for the learner's steps, evaluate it
     handwritten: bool = True  # also evaluate the hand-written suite before and after
@@ -141,6 +142,8 @@ class Demo:
             raise ConfigError(f"arm: one of {', '.join(ARMS)}, got {self.o.arm!r}")
         if self.o.practice_names not in PRACTICE_NAMES:  # before anything starts, not at the warm start
             raise ConfigError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {self.o.practice_names!r}")
+        if self.o.reading_demos < 0:
+            raise ConfigError(f"reading demos: a count of demonstrations, got {self.o.reading_demos}")
         base = [f"run.dir={self.run_dir}", f"run.seed={self.o.seed}",
                 *(["actor.prm.enable=true"] if self.o.prm else []),
                 *(["learner.reward_shuffle=true"] if self.o.arm == "shuffled" else []),
@@ -254,7 +257,7 @@ class Demo:
         from actors.templates import load_templates
         from inference.tiny_model import init_tiny
         from swarl.demo.warmstart import demonstrations, sft
-        from swe.tasks.generated import demo_row, practice
+        from swe.tasks.generated import demo_row, practice, reading_practice
 
         cfg = self.config()
         ws = self.o.seed if self.o.warm_seed is None else self.o.warm_seed
@@ -267,6 +270,8 @@ class Demo:
             train = self.train_split_rows()
         else:
             raise ValueError(f"sft_on: train or practice, got {self.o.sft_on!r}")
+        train += [(demo_row(i), i) for i in reading_practice(self.o.reading_demos, seed=ws,
+                                                             names=self.o.practice_names)]
         seqs = demonstrations(train, templates, ChatEncoder(AutoTokenizer.from_pretrained(base)),
                               cwd=cfg.actor.cwd, step_limit=cfg.actor.step_limit,
                               every_edit=self.o.sft_on == "train")
@@ -675,7 +680,7 @@ class Demo:
                 "learner_steps": len(rows), "policy_version": version, "seed": self.o.seed,
                 "train_pool": self.o.train_pool, "train_tasks_seen": self.tasks_seen(),
                 "warm_seed": self.o.seed if self.o.warm_seed is None else self.o.warm_seed,
-                "practice_names": self.o.practice_names, "cpu_kernels": kernels.in_force(),
+                "practice_names": self.o.practice_names, "reading_demos": self.o.reading_demos, "cpu_kernels": kernels.in_force(),
                 "minutes": self.o.minutes, "steps_budget": self.o.steps, "prm": self.o.prm, "run_dir": str(self.run_dir), "arm": self.o.arm,
                 "code": self.code,
                 **({"recheck_identical": learning["recheck_identical"]} if recheck is not None else {}),

@@ -16,6 +16,10 @@ nothing). Two sources (swarl demo --sft-on):
   the instance's `demo_edit`, which the generator sets from the instance's index so that every
   (code shape, primitive) pair occurs equally often (tests/ops/test_warmstart.py counts them).
 - `train`: the train split, one demonstration per primitive of each instance.
+Optionally (swarl demo --reading-demos N) N more on the reading families
+(swe.tasks.generated.READING_FAMILIES: other operators, never in a split, the pool or an
+evaluation), each showing its *correct* fix: the policy then meets RL able to copy an operator it
+read, on families where the copy decides, and 50/50 on the suite's own.
 Held-out instances get no demonstrations. The sequences are built with the actors' own
 token-exact conversation code, so they are exactly what the agent sees, observations included
 (the grep output is what GNU grep prints in the image; a Docker test checks it)."""
@@ -76,7 +80,9 @@ def demonstrations(rows: list[Any], templates: Any, encoder: Any, cwd: str = "/t
         k = turn.get(row["swarl_family"], 0)
         turn[row["swarl_family"]] = k + 1
         k = row.get("swarl_demo_edit", k)
-        fixes = [row["swarl_fix_command"]] if correct else edits if every_edit else [edits[k % len(edits)]]
+        # reading practice (swe.tasks.generated.reading_practice) always shows its correct fix
+        fixes = ([row["swarl_fix_command"]] if correct or row.get("swarl_demo_correct")
+                 else edits if every_edit else [edits[k % len(edits)]])
         variables = {"task": row["problem_statement"], "instance": row, "step_limit": step_limit, "cwd": cwd}
         system, user = templates.render("system", **variables), templates.render("instance", **variables)
         for fix in fixes:

@@ -206,6 +206,58 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
             "{fn}(-{x}, {x}) is False; totals of 0 should count"),
            _zero_args),
 )}
+# Reading practice: families the warm start demonstrates with their *correct* fix (the edit whose
+# pattern is the operator the inspected line holds), so that the policy meets RL already able to
+# copy an operator it read; never in a split, the pool or an evaluation. Their operators are none
+# of the suite's, so no demonstration shows a train family's answer.
+READING_PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
+    Primitive("le", " < ", " <= "), Primitive("lt", " <= ", " < "),
+    Primitive("ne", " == ", " != "), Primitive("eq", " != ", " == "),
+    Primitive("max", "min(", "max("), Primitive("min", "max(", "min("),
+)}
+
+
+def _pair_args(rng: random.Random) -> dict[str, Any]:
+    x = rng.randint(1, 8)
+    return {"x": x, "y": x + rng.randint(1, 9)}
+
+
+READING_FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("ordering", 2,
+           (Form("lt", "{a} <= {b}", "{a} < {b}", ("le",)),
+            Form("not_le", "not {b} < {a}", "not {b} <= {a}", ("lt",))),
+           ("le", "lt"),
+           "assert {fn}(1, 3) is True\n    assert {fn}(5, 3) is False",
+           "assert {fn}({n}, {n}) is True\n    assert {fn}(1, 3) is True\n    assert {fn}(5, 3) is False",
+           ("{fn}({n}, {n}) returns False, but the limit itself is allowed",
+            "{fn} refuses a value at its limit: {fn}({n}, {n}) should be True",
+            "At the bound, {fn}({n}, {n}) gives False instead of True",
+            "{fn}({n}, {n}) is False; reaching the limit should be fine"),
+           _cmp_args),
+    Family("equality", 2,
+           (Form("eq", "{a} != {b}", "{a} == {b}", ("ne",)),
+            Form("not_ne", "not {a} == {b}", "not {a} != {b}", ("eq",))),
+           ("ne", "eq"),
+           "assert {fn}(2, 2) is False",
+           "assert {fn}({x}, {y}) is True\n    assert {fn}(2, 2) is False",
+           ("{fn}({x}, {y}) returns False, but the values differ",
+            "{fn} misses a change: {fn}({x}, {y}) should be True",
+            "Different inputs look equal to {fn}: {fn}({x}, {y}) gives False",
+            "{fn}({x}, {y}) is False; it should report that they differ"),
+           _pair_args),
+    Family("larger", 2,
+           (Form("min", "max({a}, {b})", "min({a}, {b})", ("max",)),
+            Form("negated", "-min(-{a}, -{b})", "-max(-{a}, -{b})", ("min",))),
+           ("max", "min"),
+           "assert {fn}(3, 3) == 3",
+           "assert {fn}({x}, {y}) == {y}\n    assert {fn}({y}, {x}) == {y}\n    assert {fn}(3, 3) == 3",
+           ("{fn}({x}, {y}) returns {x}, expected the larger value {y}",
+            "{fn} picks the smaller one: {fn}({x}, {y}) should be {y}",
+            "Wrong pick from {fn}: {fn}({x}, {y}) gives {x}, not {y}",
+            "{fn}({x}, {y}) == {x}, but the larger of the two is {y}"),
+           _pair_args),
+)}
+_ALL_PRIMITIVES = {**PRIMITIVES, **READING_PRIMITIVES}
 TRAIN_FAMILIES = ("comparison", "off_by_one", "arithmetic", "boolean_logic")
 HELDOUT_FAMILIES = ("sum_at_least",)
 # (wording, form, layout): train has the even-parity combinations, heldout the odd ones
@@ -373,6 +425,19 @@ def practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
     return _train_like(n, f"practice-{seed}", "practice", every_number=names == "all")
 
 
+def reading_practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
+    """`n` instances of the reading families (READING_FAMILIES) in every combination, for
+    demonstrations of their correct fix; like `practice`, no held-out path, and function numbers
+    by `names`. The k-th is family k mod 3, combination (k div 3) mod 16."""
+    if names not in PRACTICE_NAMES:
+        raise ValueError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {names!r}")
+    held = {i.path for i in instances() if i.split != "train"}
+    rng = random.Random(f"reading-{seed}")
+    fams = tuple(READING_FAMILIES.values())
+    return [_instance(rng, "practice", fams[k % len(fams)], COMBOS[(k // len(fams)) % len(COMBOS)], k + 1,
+                      set(held), prefix="reading", every_number=names == "all") for k in range(n)]
+
+
 POOL_SPLIT = "pool"
 POOL_PREFIX = "pool"
 
@@ -413,7 +478,7 @@ def demo_row(inst: Instance) -> dict[str, Any]:
             "swarl_split": inst.split, "swarl_suite": "generated", "swarl_inspect_command": inspect_command(inst),
             "swarl_fix_command": gold, "swarl_wrong_commands": wrong, "swarl_shape": inst.shape,
             "swarl_wording": inst.wording, "swarl_edit_commands": edit_commands(inst),
-            "swarl_demo_edit": inst.demo_edit}
+            "swarl_demo_edit": inst.demo_edit, "swarl_demo_correct": inst.family.name in READING_FAMILIES}
 
 
 def _statement(inst: Instance) -> str:
@@ -492,24 +557,24 @@ def _sed(inst: Instance, prim: Primitive) -> str:
 def edit_commands(inst: Instance) -> dict[str, str]:
     """The family's primitives as `sed -i` commands on the line the inspection printed, in the
     file that defines the function (found by grep, not typed)."""
-    return {p: _sed(inst, PRIMITIVES[p]) for p in inst.family.primitives}
+    return {p: _sed(inst, _ALL_PRIMITIVES[p]) for p in inst.family.primitives}
 
 
 def fix_commands(inst: Instance) -> tuple[str, list[str]]:
     """(the gold fix: the form's primitives in turn; the wrong fixes: the family's other
     primitives, and for a two-primitive fix each of its primitives alone)."""
-    gold = " && ".join(_sed(inst, PRIMITIVES[p]) for p in inst.form.fix)
+    gold = " && ".join(_sed(inst, _ALL_PRIMITIVES[p]) for p in inst.form.fix)
     wrong = [p for p in inst.family.primitives if p not in inst.form.fix]
     if len(inst.form.fix) > 1:
         wrong = [*inst.form.fix, *wrong]
-    return gold, [_sed(inst, PRIMITIVES[p]) for p in wrong]
+    return gold, [_sed(inst, _ALL_PRIMITIVES[p]) for p in wrong]
 
 
 # -- what a fixed symptom -> edit table can score (exact) ------------------------------------
 
 def apply_edits(line: str, edits: Iterable[str]) -> str:
     for e in edits:
-        line = PRIMITIVES[e].apply(line)
+        line = _ALL_PRIMITIVES[e].apply(line)
     return line
 
 

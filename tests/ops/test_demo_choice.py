@@ -161,7 +161,8 @@ def test_the_run_report_shows_the_choice_and_the_name_per_evaluation() -> None:
 
 
 def test_a_bad_practice_names_value_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    """`--practice-names` is checked with the config, before Redis, Docker or the warm start."""
+    """`--practice-names` and `--reading-demos` are checked with the config, before Redis, Docker or
+    the warm start."""
     import pytest
 
     from swarl.config import ConfigError
@@ -170,3 +171,5 @@ def test_a_bad_practice_names_value_is_refused_before_anything_starts(tmp_path: 
     with pytest.raises(ConfigError, match="practice names: one of train, all, got 'wide'"):
         Demo(DemoOptions(run_dir=str(tmp_path / "run"), practice_names="wide")).config()
     assert Demo(DemoOptions(run_dir=str(tmp_path / "run"), practice_names="all")).config().run.seed == 0
+    with pytest.raises(ConfigError, match="reading demos: a count of demonstrations, got -1"):
+        Demo(DemoOptions(run_dir=str(tmp_path / "run"), reading_demos=-1)).config()

@@ -15,7 +15,7 @@ from actors.templates import load_templates
 from swarl.config import REPO_ROOT
 from swarl.demo.warmstart import SUBMIT, demonstrations
 from swe.tasks import load_tasks
-from swe.tasks.generated import demo_row, practice
+from swe.tasks.generated import demo_row, practice, reading_practice
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,33 @@ def test_correct_demonstrations_show_the_fix_the_code_needs(enc) -> None:
         assert (prim,) == inst.form.fix
         shown[(inst.form.name, prim)] += 1
     assert len(shown) == 8  # 4 families x 2 forms, each with its own primitive
+
+
+def test_reading_demonstrations_show_the_correct_fix_beside_the_suites_50_50(enc) -> None:
+    """--reading-demos: the reading families' demonstrations always show the fix their line needs
+    (the edit's pattern is the operator the inspection printed), while the suite's families in the
+    same list keep their code-independent primitive; no reading demonstration touches a suite
+    family."""
+    from swe.tasks.generated import READING_FAMILIES, edit_reads_line
+
+    tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
+    suite, reading = practice(16, seed=4), reading_practice(24, seed=4)
+    seqs = demonstrations([(demo_row(i), i) for i in [*suite, *reading]], tpl, enc)
+    assert len(seqs) == 40
+    shown: Counter[tuple[str, bool]] = Counter()
+    for (ids, mask), inst in zip(seqs, [*suite, *reading], strict=True):
+        row = demo_row(inst)
+        answered = enc.tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        edit = next(c for c in row["swarl_edit_commands"].values() if c in answered)
+        messages = [{"role": "user", "content": "<output>" + enc.tok.decode(ids)}, {"role": "assistant", "content": edit}]
+        reads = edit_reads_line(messages)
+        assert reads is not None
+        shown[(inst.family.name in READING_FAMILIES, reads)] += 1
+        if inst.family.name in READING_FAMILIES:
+            assert row["swarl_demo_correct"] and edit == row["swarl_fix_command"]
+        else:
+            assert not row["swarl_demo_correct"]
+    assert shown == {(True, True): 24, (False, True): 8, (False, False): 8}
 
 
 def test_sft_snapshots_are_the_run_at_that_step(enc, tiny_model_dir, tmp_path) -> None:

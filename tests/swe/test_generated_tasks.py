@@ -31,6 +31,8 @@ from swe.tasks.generated import (
     HELDOUT_FN_NUMBERS,
     LAYOUTS,
     PRIMITIVES,
+    READING_FAMILIES,
+    READING_PRIMITIVES,
     SPLIT_COMBOS,
     SPLITS,
     TRAIN_FAMILIES,
@@ -46,6 +48,7 @@ from swe.tasks.generated import (
     main,
     names_function,
     practice,
+    reading_practice,
     resolves,
 )
 
@@ -156,6 +159,40 @@ def test_each_form_has_its_own_fix() -> None:
             assert len(form.fix) == 2
             for p in form.fix:
                 assert p in PRIMITIVES and any(p in FAMILIES[t].primitives for t in TRAIN_FAMILIES)
+
+
+def test_reading_families_teach_the_copy_not_the_suites_answers(tmp_path) -> None:
+    """The warm start's reading practice (`--reading-demos`): per family both forms, each resolved
+    by its own fix only, applied by the row's real `sed` command; every combination, no held-out
+    path; and none of its operators occurs on a suite line, nor a suite operator in its primitives:
+    its demonstrations cannot show what a train or held-out instance needs."""
+    import subprocess
+
+    from swe.tasks.generated import buggy, demo_row
+
+    insts = reading_practice(96, seed=2, names="all")
+    assert {i.family.name for i in insts} == set(READING_FAMILIES) and not set(READING_FAMILIES) & set(FAMILIES)
+    assert Counter((i.family.name, i.wording, i.form.name, i.layout) for i in insts) == Counter(
+        {(f, w, fo.name, la): 2 for f, fam in READING_FAMILIES.items() for w in range(4)
+         for fo in fam.forms for la in LAYOUTS})
+    held = {i.path for i in instances() if i.split != "train"}
+    assert not held & {i.path for i in insts}
+    for inst in insts[:24]:
+        assert resolves(inst, inst.good_line) and not resolves(inst, inst.bad_line), inst.name
+        for p in inst.family.primitives:
+            assert resolves(inst, apply_edits(inst.bad_line, [p])) == ((p,) == inst.form.fix), (inst.name, p)
+        d = tmp_path / inst.name
+        for rel, text in buggy(inst).items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_text(text)
+        subprocess.run(["bash", "-c", demo_row(inst)["swarl_fix_command"]], cwd=d, check=True, timeout=30)
+        assert (d / inst.path).read_text().split("\n")[inst.lineno - 1] == inst.good_line
+    suite_ops = {x for p in PRIMITIVES.values() for x in (p.old, p.new)}
+    for p in READING_PRIMITIVES.values():
+        assert p.old not in suite_ops and p.new not in suite_ops
+        assert not any(p.old in i.bad_line for i in instances()), p
+    with pytest.raises(ValueError, match="practice names"):
+        reading_practice(3, names="wide")
 
 
 def _variants(row: dict[str, Any]) -> list[Variant]:
