@@ -67,6 +67,9 @@ def _wall_minutes(run_dir: Path) -> float | None:
                      for d in arms) / 60, 1)
 
 
+WARM_OPTIONS = {"warm_seed": "--warm-seed", "practice_names": "--practice-names", "reading_demos": "--reading-demos"}
+
+
 def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
     """Each finished arm's effective config against the `--set` values the record will claim (an
     arm still running, or stopped, is not recorded: not read): the arm's config.yaml loaded as it
@@ -76,8 +79,16 @@ def settings_disagree(run_dir: Path, args: list[str]) -> list[str]:
     from swarl.config import load_config
 
     sets = [args[i + 1] for i, x in enumerate(args[:-1]) if x == "--set" and "=" in args[i + 1]]
+    # the warm start's options, which result.json records (older results: their defaults)
+    opts = {k: args[i + 1] for i, x in enumerate(args[:-1]) for k, flag in WARM_OPTIONS.items() if x == flag}
     why = []
     for cfg in sorted(c for c in run_dir.glob("seed-*/*/config.yaml") if (c.parent / "result.json").is_file()):
+        result = json.loads((cfg.parent / "result.json").read_text())
+        default = {"practice_names": "train", "reading_demos": 0, "warm_seed": result.get("seed")}
+        for key, flag in WARM_OPTIONS.items():  # an option not claimed is claimed at its default
+            had, want = result.get(key, default[key]), opts.get(key, str(default[key]))
+            if str(had) != want:
+                why.append(f"{cfg.parent.relative_to(run_dir)}: {flag} was {had}, not {want}")
         ran, claimed = load_config(cfg, environ={}), load_config(cfg, sets, environ={})
         for key, want in (x.split("=", 1) for x in sets):
             value = reduce(getattr, key.split("."), ran)

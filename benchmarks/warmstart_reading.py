@@ -9,6 +9,11 @@ edits. No Docker, no servers: HF generate on CPU.
     .venv/bin/python benchmarks/warmstart_reading.py --on practice --demos 9600 --epochs 1
     .venv/bin/python benchmarks/warmstart_reading.py --names all --seed 1       # practice names
     .venv/bin/python benchmarks/warmstart_reading.py --model runs/X/model/warm  # probe a warm start
+    .venv/bin/python benchmarks/warmstart_reading.py --model DIR --reading-probe 48  # and the reading families
+
+`--reading-probe N` adds a split `reading`: N fresh instances of the reading families (the
+warm start's `--reading-demos` shows their correct fix; these are drawn from another stream), where
+a warm start that learned the copy types the gold fix, not half of the time.
 
 `inspect` is the share of first replies that type the right inspection (the issue's function
 name copied): on held-out rows, with `--names train`, a name no demonstration typed.
@@ -41,7 +46,14 @@ def main() -> int:
     from swarl.config import REPO_ROOT
     from swarl.demo.warmstart import INSPECT_THOUGHT, answer, demonstrations, sft
     from swe.tasks import load_tasks
-    from swe.tasks.generated import PRACTICE_NAMES, demo_row, get_instance, inspect_output, practice
+    from swe.tasks.generated import (
+        PRACTICE_NAMES,
+        demo_row,
+        get_instance,
+        inspect_output,
+        practice,
+        reading_practice,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--on", choices=("train", "practice"), default="practice")
@@ -50,6 +62,10 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--names", choices=PRACTICE_NAMES, default="train",
                     help="practice instances' function names (swe.tasks.generated.practice)")
+    ap.add_argument("--reading-demos", type=int, default=0, help="train with this many reading-family "
+                    "demonstrations too (swarl demo --reading-demos)")
+    ap.add_argument("--reading-probe", type=int, default=0, help="also probe this many fresh reading-family "
+                    "instances (split `reading`)")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="the warm start's seed, and the draws'")
@@ -73,6 +89,7 @@ def main() -> int:
         tpl = load_templates(REPO_ROOT / "configs" / "prompts" / "compact.yaml")
         rows = ([(demo_row(i), i) for i in practice(a.demos, seed=a.seed, names=a.names)] if a.on == "practice"
                 else load_tasks("train", suite="generated"))
+        rows += [(demo_row(i), i) for i in reading_practice(a.reading_demos, seed=a.seed, names=a.names)]
         seqs = demonstrations(rows, tpl, enc, every_edit=a.on == "train")
 
         def progress(step: int, total: int, loss: float) -> None:
@@ -98,20 +115,25 @@ def main() -> int:
 
     result: dict[str, object] = ({"model": str(a.model)} if a.model is not None else
                                  {"on": a.on, "names": a.names, "demos": len(seqs), "epochs": a.epochs,
+                                  "reading_demos": a.reading_demos,
                                   "seed": a.seed, "warm_start_s": round(time.monotonic() - t0)})
     result["temperature"] = a.temperature
     shown_other: dict[str, int] = {}
     per_form: dict[str, dict[str, int]] = {}  # family:form -> primitive typed -> count
-    for split in ("train", "heldout", "heldout_family"):
+    splits = {s: [(r, get_instance(r["instance_id"])) for r in load_tasks(s, suite="generated")]
+              for s in ("train", "heldout", "heldout_family")}
+    if a.reading_probe:  # a stream no warm start trains on
+        splits["reading"] = [(demo_row(i), i) for i in reading_practice(a.reading_probe, seed=10_000 + a.seed,
+                                                                        names="all")]
+    for split, split_rows in splits.items():
         c = {"inspect": 0, "gold": 0, "wrong": 0, "other": 0}
-        split_rows = load_tasks(split, suite="generated")
-        for row in split_rows:
+        for row, inst in split_rows:
             v = {"task": row["problem_statement"], "instance": row, "step_limit": 4, "cwd": "/testbed"}
             conv = TokenConversation(enc, tpl.render("system", **v), tpl.render("instance", **v), lambda n: "")
             c["inspect"] += sum(t == row["swarl_inspect_command"] for t in sample(conv.full_ids() + enc.gen_prompt))
             ids = [*enc.tokenize(answer(INSPECT_THOUGHT, row["swarl_inspect_command"])), enc.eos_id]
             conv.add_answer(ids, [0.0] * len(ids), stopped=True)
-            shown = inspect_output(get_instance(row["instance_id"]))
+            shown = inspect_output(inst)
             conv.add_observation(tpl.render("observation", output=ExecOutput(0, shown)))
             form = f"{row['swarl_family']}:{row['swarl_shape'].split('/')[0]}"
             for t in sample(conv.full_ids() + enc.gen_prompt):

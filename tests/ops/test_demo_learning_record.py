@@ -1,9 +1,11 @@
 """benchmarks/demo_learning.py records a finished run only with the settings it ran with: every
 arm's effective config is read against the `--set` values the record will claim (the proof's
-DESIGN and any given after `--`), a number equal however YAML wrote it."""
+DESIGN and any given after `--`), a number equal however YAML wrote it; and each arm's warm-start
+options (its result.json) against the `--warm-seed`, `--practice-names` and `--reading-demos` claimed."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -15,13 +17,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from demo_learning import DESIGN, settings_disagree  # noqa: E402
 
 
-def _arm(run_dir: Path, seed: int, arm: str, **learner: object) -> None:
+def _arm(run_dir: Path, seed: int, arm: str, result: dict | None = None, **learner: object) -> None:
     d = run_dir / f"seed-{seed}" / arm
     d.mkdir(parents=True)
     cfg = {"admission": {"batch_size": 32},
            "learner": {"minibatches": 2, "spike_clip": 3.0, "max_update_kl": 0.01, "lr": 2e-4, **learner}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / "result.json").write_text("{}")
+    (d / "result.json").write_text(json.dumps({"seed": seed, "warm_seed": 0, **(result or {})}))
 
 
 def test_a_run_with_the_design_agrees(tmp_path) -> None:
@@ -39,6 +41,19 @@ def test_each_arm_that_ran_otherwise_is_named(tmp_path) -> None:
     assert len(why) == 3 and sum("learner.lr is 0.0002, not 4e-4" in w for w in why) == 2, why
     (tmp_path / "seed-1" / "shuffled" / "result.json").unlink()  # not finished: not recorded, not read
     assert settings_disagree(tmp_path, list(DESIGN)) == []
+
+
+def test_an_arm_of_another_warm_start_is_named(tmp_path) -> None:
+    _arm(tmp_path, 0, "rl", result={"reading_demos": 3200, "practice_names": "all"})
+    _arm(tmp_path, 0, "shuffled", result={"practice_names": "all"})  # a result from before reading_demos
+    _arm(tmp_path, 1, "rl", result={"warm_seed": 1, "reading_demos": 3200, "practice_names": "all"})
+    claimed = [*DESIGN, "--practice-names", "all", "--reading-demos", "3200"]
+    assert settings_disagree(tmp_path, claimed) == [
+        "seed-0/shuffled: --reading-demos was 0, not 3200", "seed-1/rl: --warm-seed was 1, not 0"]
+    assert settings_disagree(tmp_path, list(DESIGN)) == [  # unclaimed: at their defaults
+        "seed-0/rl: --practice-names was all, not train", "seed-0/rl: --reading-demos was 3200, not 0",
+        "seed-0/shuffled: --practice-names was all, not train", "seed-1/rl: --warm-seed was 1, not 0",
+        "seed-1/rl: --practice-names was all, not train", "seed-1/rl: --reading-demos was 3200, not 0"]
 
 
 def test_an_arm_short_of_its_steps_is_named() -> None:
