@@ -66,6 +66,8 @@ def main() -> int:
                     "demonstrations too (swarl demo --reading-demos)")
     ap.add_argument("--reading-probe", type=int, default=0, help="also probe this many fresh reading-family "
                     "instances (split `reading`)")
+    ap.add_argument("--splits", default="train,heldout,heldout_family",
+                    help="the generated suite's splits probed (comma-separated; '' for none)")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="the warm start's seed, and the draws'")
@@ -121,7 +123,7 @@ def main() -> int:
     shown_other: dict[str, int] = {}
     per_form: dict[str, dict[str, int]] = {}  # family:form -> primitive typed -> count
     splits = {s: [(r, get_instance(r["instance_id"])) for r in load_tasks(s, suite="generated")]
-              for s in ("train", "heldout", "heldout_family")}
+              for s in filter(None, a.splits.split(","))}
     if a.reading_probe:  # a stream no warm start trains on
         splits["reading"] = [(demo_row(i), i) for i in reading_practice(a.reading_probe, seed=10_000 + a.seed,
                                                                         names="all")]
