@@ -64,11 +64,12 @@ def main() -> None:
             ys = [float(r.get(key, float("nan"))) for r in rows]
             ax[i].plot(xs, fn(ys) if fn else ys, label=label, lw=1.2)
         sm = summary(run / "trajectories")  # its last bin: the last full one
-        if sm:
-            xs_v = [b["versions"][0] + BIN / 2 for b in sm["bins"]]
-            line = ax[4].errorbar(xs_v, [b["share"] for b in sm["bins"]], yerr=[b["half_width"] for b in sm["bins"]],
+        if sm:  # up to the last full bin: a run's final versions hold a few episodes (one read at 1.00)
+            bins = sm["bins"][: sm["bins"].index(sm["last"]) + 1]
+            xs_v = [b["versions"][0] + BIN / 2 for b in bins]
+            line = ax[4].errorbar(xs_v, [b["share"] for b in bins], yerr=[b["half_width"] for b in bins],
                                   label=label, lw=1.2, capsize=2)
-            ax[5].plot(xs_v, [b["read_but_failed"] for b in sm["bins"]],
+            ax[5].plot(xs_v, [b["read_but_failed"] for b in bins],
                        label=label, lw=1.2, color=line.lines[0].get_color())
         ev = json.loads((run / "learning.json").read_text()).get("eval_choice", {}) if (run / "learning.json").exists() else {}
         if not ev:

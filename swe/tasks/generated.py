@@ -26,6 +26,10 @@ Splits (the `swarl_split` field):
 - `heldout_family`: `sum_at_least`, whose fix is two primitives (one of `comparison`'s and one
   of `arithmetic`'s) applied in turn: demonstrated separately, never together.
 
+Besides the splits, `practice` and `reading_practice` draw instances for the demo's warm start
+only (never graded): the train families' practice, and the reading families (READING_FAMILIES:
+other operators, demonstrated with their correct fix).
+
 `python -m swe.tasks.generated` rewrites swe/tasks/generated.jsonl; `--check` exits 1 when
 it is stale. The rows are a pure function of GEN_SEED and the tables below.
 """
