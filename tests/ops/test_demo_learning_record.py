@@ -23,7 +23,7 @@ def _arm(run_dir: Path, seed: int, arm: str, result: dict | None = None, **learn
     cfg = {"admission": {"batch_size": 32},
            "learner": {"minibatches": 2, "spike_clip": 3.0, "max_update_kl": 0.01, "lr": 2e-4, **learner}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / "result.json").write_text(json.dumps({"seed": seed, "warm_seed": 0, **(result or {})}))
+    (d / "result.json").write_text(json.dumps({"seed": seed, "warm_seed": 0, "reading_demos": 3200, **(result or {})}))
 
 
 def test_a_run_with_the_design_agrees(tmp_path) -> None:
@@ -45,12 +45,14 @@ def test_each_arm_that_ran_otherwise_is_named(tmp_path) -> None:
 
 def test_an_arm_of_another_warm_start_is_named(tmp_path) -> None:
     _arm(tmp_path, 0, "rl", result={"reading_demos": 3200, "practice_names": "all"})
-    _arm(tmp_path, 0, "shuffled", result={"practice_names": "all"})  # a result from before reading_demos
+    _arm(tmp_path, 0, "shuffled")
+    (tmp_path / "seed-0" / "shuffled" / "result.json").write_text(  # a result from before reading_demos
+        json.dumps({"seed": 0, "warm_seed": 0, "practice_names": "all"}))
     _arm(tmp_path, 1, "rl", result={"warm_seed": 1, "reading_demos": 3200, "practice_names": "all"})
-    claimed = [*DESIGN, "--practice-names", "all", "--reading-demos", "3200"]
+    claimed = ["--warm-seed", "0", "--practice-names", "all", "--reading-demos", "3200"]
     assert settings_disagree(tmp_path, claimed) == [
         "seed-0/shuffled: --reading-demos was 0, not 3200", "seed-1/rl: --warm-seed was 1, not 0"]
-    assert settings_disagree(tmp_path, list(DESIGN)) == [  # unclaimed: at their defaults
+    assert settings_disagree(tmp_path, ["--warm-seed", "0"]) == [  # unclaimed: at their defaults
         "seed-0/rl: --practice-names was all, not train", "seed-0/rl: --reading-demos was 3200, not 0",
         "seed-0/shuffled: --practice-names was all, not train", "seed-1/rl: --warm-seed was 1, not 0",
         "seed-1/rl: --practice-names was all, not train", "seed-1/rl: --reading-demos was 3200, not 0"]
