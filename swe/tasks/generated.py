@@ -398,22 +398,32 @@ def instances() -> tuple[Instance, ...]:
     return tuple(out)
 
 
-def _train_like(n: int, stream: str, split: str, prefix: str = "", every_number: bool = False) -> list[Instance]:
-    """`n` instances of the train families in the train combinations drawn from `stream`: the
-    k-th of a family has combination k mod 8 and `demo_edit` (k div 8) mod 2. No path of the
-    held-out splits occurs in them, nor a held-out function number (buggy or filler) unless
-    `every_number`."""
+def _train_like(n: int, stream: str, split: str, prefix: str = "", every_number: bool = False,
+                families: tuple[Family, ...] | None = None, combos: tuple[tuple[int, int, int], ...] | None = None
+                ) -> list[Instance]:
+    """`n` instances of `families` (default: the train families) in `combos` (default: the train
+    combinations) drawn from `stream`: the k-th of a family has combination k mod len(combos) and
+    `demo_edit` (k div len(combos)) mod 2. No path of the held-out splits occurs in them, nor a
+    held-out function number (buggy or filler) unless `every_number`."""
+    fams = families or tuple(FAMILIES[f] for f in TRAIN_FAMILIES)
+    combos = combos or SPLIT_COMBOS["train"]
     held = {i.path for i in instances() if i.split != "train"}
     rng = random.Random(stream)
-    combos = SPLIT_COMBOS["train"]
     out = []
     for k in range(n):
-        fam = FAMILIES[TRAIN_FAMILIES[k % len(TRAIN_FAMILIES)]]
-        j = k // len(TRAIN_FAMILIES)
+        fam = fams[k % len(fams)]
+        j = k // len(fams)
         out.append(_instance(rng, split, fam, combos[j % len(combos)], k + 1, set(held),
                              demo_edit=(j // len(combos)) % len(fam.primitives), prefix=prefix,
                              every_number=every_number))
     return out
+
+
+def _practice_names(names: str) -> bool:
+    """Whether practice instances number their functions from every two-digit number."""
+    if names not in PRACTICE_NAMES:
+        raise ValueError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {names!r}")
+    return names == "all"
 
 
 def practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
@@ -424,22 +434,16 @@ def practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
     too, none of them a held-out instance's function). The k-th instance of a family has
     combination k mod 8 and `demo_edit` (k div 8) mod 2: over every 16 of a family, each
     (combination, demonstrated primitive) pair once — the edit shown is independent of the code."""
-    if names not in PRACTICE_NAMES:
-        raise ValueError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {names!r}")
-    return _train_like(n, f"practice-{seed}", "practice", every_number=names == "all")
+    return _train_like(n, f"practice-{seed}", "practice", every_number=_practice_names(names))
 
 
 def reading_practice(n: int, seed: int = 0, names: str = "train") -> list[Instance]:
     """`n` instances of the reading families (READING_FAMILIES) in every combination, for
-    demonstrations of their correct fix; like `practice`, no held-out path, and function numbers
-    by `names`. The k-th is family k mod 3, combination (k div 3) mod 16."""
-    if names not in PRACTICE_NAMES:
-        raise ValueError(f"practice names: one of {', '.join(PRACTICE_NAMES)}, got {names!r}")
-    held = {i.path for i in instances() if i.split != "train"}
-    rng = random.Random(f"reading-{seed}")
-    fams = tuple(READING_FAMILIES.values())
-    return [_instance(rng, "practice", fams[k % len(fams)], COMBOS[(k // len(fams)) % len(COMBOS)], k + 1,
-                      set(held), prefix="reading", every_number=names == "all") for k in range(n)]
+    demonstrations of their correct fix (their `demo_edit` is not used); like `practice`, no
+    held-out path, and function numbers by `names`. The k-th is family k mod 3, combination
+    (k div 3) mod 16."""
+    return _train_like(n, f"reading-{seed}", "practice", prefix="reading", every_number=_practice_names(names),
+                       families=tuple(READING_FAMILIES.values()), combos=COMBOS)
 
 
 POOL_SPLIT = "pool"

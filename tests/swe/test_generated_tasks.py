@@ -169,6 +169,7 @@ def test_reading_families_teach_the_copy_not_the_suites_answers(tmp_path) -> Non
     import subprocess
 
     from swe.tasks.generated import buggy, demo_row
+    from swe.tasks.gitrepo import write_files
 
     insts = reading_practice(96, seed=2, names="all")
     assert {i.family.name for i in insts} == set(READING_FAMILIES) and not set(READING_FAMILIES) & set(FAMILIES)
@@ -182,9 +183,7 @@ def test_reading_families_teach_the_copy_not_the_suites_answers(tmp_path) -> Non
         for p in inst.family.primitives:
             assert resolves(inst, apply_edits(inst.bad_line, [p])) == ((p,) == inst.form.fix), (inst.name, p)
         d = tmp_path / inst.name
-        for rel, text in buggy(inst).items():
-            (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            (d / rel).write_text(text)
+        write_files(d, buggy(inst))
         subprocess.run(["bash", "-c", demo_row(inst)["swarl_fix_command"]], cwd=d, check=True, timeout=30)
         assert (d / inst.path).read_text().split("\n")[inst.lineno - 1] == inst.good_line
     suite_ops = {x for p in PRIMITIVES.values() for x in (p.old, p.new)}
