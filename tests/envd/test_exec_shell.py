@@ -217,9 +217,17 @@ def test_a_command_that_kills_the_shell_gets_an_answer_and_the_container_is_ende
 def test_a_command_that_steals_the_shells_input_cannot_hang_envd(api, test_image):
     cid = _create(api, test_image)
     try:
-        thief = ("setsid nohup sh -c 'cat /proc/$(ps -o pid= --ppid 1 | head -1 | tr -d \" \")/fd/0 "
-                 "> /dev/null' >/dev/null 2>&1 & sleep 0.3; echo started")
-        assert api.post("/container/exec", json={"container_id": cid, "command": thief}).json()["output"] == "started\n"
+        # the thief must be blocked reading the server's stdin before the next command is sent: a
+        # pipe wakes its readers in the order they began to wait, so then it, not the server, gets
+        # the line. A fixed sleep lost that race on a loaded machine (CI, stop 55).
+        thief = ('srv=$(ps -o pid= --ppid 1 | head -1 | tr -d " "); p=$(readlink /proc/$srv/fd/0); '
+                 'setsid nohup cat /proc/$srv/fd/0 >/dev/null 2>&1 & t=$!; '
+                 'for i in $(seq 400); do '
+                 '  if ls -l /proc/$t/fd 2>/dev/null | grep -qF "$p" && grep -q "^State:.*S" /proc/$t/status; '
+                 '  then echo started; exit 0; fi; sleep 0.05; '
+                 'done; echo "the thief never read"')
+        out = api.post("/container/exec", json={"container_id": cid, "command": thief, "timeout": 60}).json()
+        assert out["output"] == "started\n", out
         t0 = time.monotonic()
         out = api.post("/container/exec", json={"container_id": cid, "command": "echo lost", "timeout": 1}).json()
         assert out["ok"] and out["returncode"] == -1 and out["timed_out"], out
