@@ -154,6 +154,9 @@ class Bench:
             "weight_sync.keep_versions": 4, "weight_sync.rollout_mode": o.mode,
             "pool.max_per_node": 2 * slots + 8,
             "pool.max_concurrent": 2 * slots + 8, "envd.memory": "512m",
+            # the learner its records measured (configs/demo.yaml before the demo took the learning
+            # proof's design): 4 updates a batch, no trust region or spike clip
+            "learner.minibatches": 4, "learner.max_update_kl": "null", "learner.spike_clip": "null",
         }
         if self.pool_url:
             sets["pool.url"] = self.pool_url

@@ -120,9 +120,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(a.threads)
     t_start = time.monotonic()
     run_dir = (a.run_dir or ROOT / "runs" / f"demo-ceiling-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}").resolve()
+    # the warm start and step size the recorded table measured (the demo's before it took the learning
+    # proof's design: no reading demonstrations, 16 a step); --reading-demos / --set change them
     opts = DemoOptions(seed=a.seed, warm_seed=a.warm_seed, run_dir=str(run_dir), handwritten=False,
                        eval_samples=a.eval_samples, eval_per_family=a.eval_per_family or None,
-                       sets=tuple(a.set))
+                       reading_demos=a.reading_demos, sets=("admission.batch_size=16", *a.set))
     demo = Demo(opts)
     cfg = demo.config()
     temp = cfg.actor.sampling.temperature
@@ -201,7 +203,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         demo.close()
     results["meta"] = {"command": "benchmarks/demo_ceiling.py " + " ".join(sys.argv[1:]),
                        "lr": lr, "batch_size": cfg.admission.batch_size, "warmup": cfg.learner.warmup_steps,
-                       "temperature": temp, "seed": a.seed, "warm_seed": a.warm_seed, "practice": a.practice,
+                       "temperature": temp, "seed": a.seed, "warm_seed": a.warm_seed, "reading_demos": a.reading_demos, "practice": a.practice,
                        "eval_samples": a.eval_samples, "eval_per_family": a.eval_per_family,
                        "run_dir": str(run_dir), "wall_minutes": round((time.monotonic() - t_start) / 60, 1),
                        "reused": a.run_dir is not None}
@@ -259,6 +261,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=None, help="default: learner.lr of the demo's config")
     ap.add_argument("--seed", type=int, default=0, help="the evaluation draws' seed (and the data order's)")
     ap.add_argument("--warm-seed", type=int, default=0)
+    ap.add_argument("--reading-demos", type=int, default=0, help="the warm start's reading demonstrations "
+                    "(swarl demo --reading-demos; the demo's default is 3200)")
     ap.add_argument("--eval-samples", type=int, default=2)
     ap.add_argument("--eval-per-family", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)

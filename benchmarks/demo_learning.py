@@ -41,7 +41,8 @@ from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, curves, markdown, pl
 # (docs/demo.md "Reading shown elsewhere": the 3,200 reading demonstrations, picked by a pilot on
 # seed 10, which the proof does not use); 2 updates of 16 episodes a step, the gradient-spike clip and
 # the per-update trust region ("The trust region on seed 0"); 40 steps an arm (--steps' default).
-# The hand-written suite has no goal: not evaluated.
+# The hand-written suite has no goal: not evaluated. `swarl demo`'s defaults (configs/demo.yaml and
+# its options) are this design at 20 steps (tests/ops/test_demo_learning_record.py checks it).
 DESIGN = ("--warm-seed", "0", "--reading-demos", "3200", "--no-handwritten", "--set", "admission.batch_size=32",
           "--set", "learner.minibatches=2", "--set", "learner.spike_clip=3", "--set", "learner.max_update_kl=0.01")
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
@@ -166,8 +167,7 @@ def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, e
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
     if minutes is not None:
         cmd += ["--minutes", str(minutes)]
-    if steps:
-        cmd += ["--steps", str(steps)]
+    cmd += ["--steps", str(steps)]  # 0 as well: swarl demo's own default is 20
     if train_pool is not None:
         cmd += ["--train-pool", str(train_pool)]
     cmd += [*DESIGN, *extra]

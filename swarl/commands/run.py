@@ -12,10 +12,12 @@ from swarl.cliutil import ConfigOpt, SetOpt, load
 
 
 def demo(
-    minutes: Annotated[float, typer.Option("--minutes", "-m", help="Training time budget (minutes).")] = 5.0,
+    minutes: Annotated[float, typer.Option("--minutes", "-m", help="Training time budget (minutes): "
+                                           "the bound on --steps on a slow or busy machine.")] = 15.0,
     steps: Annotated[int, typer.Option("--steps", help="Stop training at this many learner steps "
-                                       "(learner.max_steps; 0: none), --minutes bounding it: the same "
-                                       "compute in every arm and seed, however busy the machine.")] = 0,
+                                       "(learner.max_steps; 0: none, --minutes alone), --minutes bounding "
+                                       "it: the same compute in every arm and seed, however busy the "
+                                       "machine. 20 steps: about 12 minutes on 2 idle cores.")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tiny model, warm start and sampling.")] = 0,
     actors: Annotated[int, typer.Option("--actors", help="Actor processes.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Episodes per actor at once.")] = 3,
@@ -39,7 +41,8 @@ def demo(
                                                 "two-digit number: copying a held-out name is shown too).")] = "train",
     reading_demos: Annotated[int, typer.Option("--reading-demos", help="Warm start: this many more "
                                                "demonstrations, on families RL never sees (other operators), "
-                                               "each of the correct fix: reading shown where the copy decides.")] = 0,
+                                               "each of the correct fix: reading shown where the copy decides "
+                                               "(the learning proof's warm start; 0: none).")] = 3200,  # swarl.demo.run.READING_DEMOS
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Run directory (default runs/demo-<time>).")] = None,
     prm: Annotated[bool, typer.Option("--prm", help="Step rewards from a PRM: the tiny base model judges "
                                       "every step on its own server (role prm); actor.prm in the config.")] = False,

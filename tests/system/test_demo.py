@@ -30,7 +30,7 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     # two learner steps, a minute at most: what the test asks of training (a step taken, a version
     # published and loaded) without a minute of it
     p = swarl("demo", "--minutes", "1", "--steps", "2", "--actors", "1", "--concurrency", "4", "--servers", "1",
-              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200",
+              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200", "--reading-demos", "0",
               "--recheck", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
               # an empty cache: the warm start runs (and shows its progress) whatever ran before
@@ -86,7 +86,7 @@ def test_seeds_equal_steps_and_shared_before(docker_url, tmp_path) -> None:
     run_dir = tmp_path / "seeds"
     p = swarl("demo", "--seeds", "0", "--steps", "2", "--minutes", "6", "--actors", "1", "--concurrency", "4",
               "--servers", "1", "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2",
-              "--sft-demos", "100", "--no-handwritten", "--no-sft-control", "--run-dir", str(run_dir),
+              "--sft-demos", "100", "--reading-demos", "0", "--no-handwritten", "--no-sft-control", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
               env={"SWARL_CACHE": str(tmp_path / "cache")}, timeout=1100)
     assert p.returncode == 0, p.stderr[-4000:]
