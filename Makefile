@@ -4,8 +4,8 @@
 setup:
 	@bash scripts/setup.sh
 
-# seed 0 of the learning proof's design (benchmarks/demo_learning.py DESIGN) at 20 learner steps, with the
-# SFT control and the hand-written suite; ends with the held-out change and its interval
+# seed 0 of the learning proof's design (benchmarks/demo_learning.py DESIGN) at 18 learner steps, with the
+# SFT control; ends with the held-out change and its interval
 demo: setup
 	.venv/bin/swarl demo $(ARGS)
 

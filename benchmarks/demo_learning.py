@@ -42,7 +42,7 @@ from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, curves, markdown, pl
 # seed 10, which the proof does not use); 2 updates of 16 episodes a step, the gradient-spike clip and
 # the per-update trust region ("The trust region on seed 0"); 40 steps an arm (--steps' default).
 # The hand-written suite has no goal: not evaluated. `swarl demo`'s defaults (configs/demo.yaml and
-# its options) are this design at 20 steps (tests/ops/test_demo_learning_record.py checks it).
+# its options) are this design at 18 steps (tests/ops/test_demo_learning_record.py checks it).
 DESIGN = ("--warm-seed", "0", "--reading-demos", "3200", "--no-handwritten", "--set", "admission.batch_size=32",
           "--set", "learner.minibatches=2", "--set", "learner.spike_clip=3", "--set", "learner.max_update_kl=0.01")
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"

@@ -17,7 +17,7 @@ def demo(
     steps: Annotated[int, typer.Option("--steps", help="Stop training at this many learner steps "
                                        "(learner.max_steps; 0: none, --minutes alone), --minutes bounding "
                                        "it: the same compute in every arm and seed, however busy the "
-                                       "machine. 20 steps: about 12 minutes on 2 idle cores.")] = 20,
+                                       "machine. 18 steps: about 12 minutes on 2 idle cores.")] = 18,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tiny model, warm start and sampling.")] = 0,
     actors: Annotated[int, typer.Option("--actors", help="Actor processes.")] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Episodes per actor at once.")] = 3,
@@ -52,7 +52,8 @@ def demo(
                                               "the warm start's SFT for as many steps as the learner took and "
                                               "evaluate it (the SFT control).")] = True,
     handwritten: Annotated[bool, typer.Option("--handwritten/--no-handwritten", help="Also evaluate the "
-                                              "hand-written suite (swe/tasks/tasks.jsonl) before and after.")] = True,
+                                              "hand-written suite (swe/tasks/tasks.jsonl) before and after (no goal: "
+                                              "off by default, its three evaluations ~3 min on 2 cores).")] = False,
     recheck: Annotated[bool, typer.Option("--recheck", help="Evaluate the warm start again after training "
                                           "(determinism: must equal the first evaluation).")] = False,
     pair_forms: Annotated[bool, typer.Option("--pair-forms/--no-pair-forms", help="A learner group holds both "

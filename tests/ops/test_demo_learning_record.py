@@ -87,8 +87,8 @@ def test_the_code_each_arm_ran_is_named() -> None:
 
 def test_make_demo_runs_the_proofs_design() -> None:
     """`swarl demo` with no option (`make demo`) trains what the proof measured: DESIGN's warm start
-    and every learner setting it sets, from the CLI's defaults and configs/demo.yaml (the hand-written
-    suite aside: the proof leaves it out to save time). A default drifting from DESIGN fails here."""
+    and every learner setting it sets, from the CLI's defaults and configs/demo.yaml, at 18 steps
+    instead of 40. A default drifting from DESIGN fails here."""
     import inspect
 
     from swarl.commands.run import demo as demo_command
@@ -103,7 +103,8 @@ def test_make_demo_runs_the_proofs_design() -> None:
     # the warm start: seed 0's (the default warm seed is --seed, 0) with the reading demonstrations
     assert cli["seed"] == DemoOptions().seed == 0 and cli["warm_seed"] is DemoOptions().warm_seed is None
     assert cli["reading_demos"] == DemoOptions().reading_demos == int(options["--reading-demos"])
-    assert cli["steps"] == DemoOptions().steps == 20 and cli["minutes"] == DemoOptions().minutes
+    assert cli["steps"] == DemoOptions().steps == 18 and cli["minutes"] == DemoOptions().minutes
+    assert "--no-handwritten" in DESIGN and cli["handwritten"] is DemoOptions().handwritten is False
     cfg = Demo(DemoOptions(run_dir="/nonexistent")).config().model_dump()
     for kv in sets:
         key, value = kv.split("=", 1)

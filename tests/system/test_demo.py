@@ -30,7 +30,7 @@ def test_one_minute_demo(docker_url, tmp_path) -> None:
     # two learner steps, a minute at most: what the test asks of training (a step taken, a version
     # published and loaded) without a minute of it
     p = swarl("demo", "--minutes", "1", "--steps", "2", "--actors", "1", "--concurrency", "4", "--servers", "1",
-              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200", "--reading-demos", "0",
+              "--eval-samples", "1", "--eval-per-family", "1", "--train-per-family", "2", "--sft-demos", "200", "--reading-demos", "0", "--handwritten",
               "--recheck", "--run-dir", str(run_dir),
               "--set", "admission.batch_size=4", "--set", "learner.n_samples_per_prompt=2",
               # an empty cache: the warm start runs (and shows its progress) whatever ran before
