@@ -132,7 +132,7 @@ def measure(minutes: float, sets: list[str], run_dir: Path | None, model_dir: Pa
             servers: int = 1, concurrency: int = 3) -> dict[str, Any]:
     from swarl.demo.run import Demo, DemoOptions
 
-    # the minutes alone bound the window (not the demo's 20 learner steps)
+    # the minutes alone bound the window (not the demo's 18 learner steps)
     demo = Demo(DemoOptions(minutes=minutes, steps=None, seed=0, sets=tuple(sets), handwritten=False, servers=servers,
                             concurrency=concurrency, run_dir=str(run_dir) if run_dir else None))
     try:

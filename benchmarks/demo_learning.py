@@ -167,7 +167,7 @@ def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, e
     cmd = [str(ROOT / ".venv" / "bin" / "swarl"), "demo", "--seeds", seeds, "--run-dir", str(run_dir)]
     if minutes is not None:
         cmd += ["--minutes", str(minutes)]
-    cmd += ["--steps", str(steps)]  # 0 as well: swarl demo's own default is 20
+    cmd += ["--steps", str(steps)]  # 0 as well: swarl demo's own default is 18
     if train_pool is not None:
         cmd += ["--train-pool", str(train_pool)]
     cmd += [*DESIGN, *extra]
