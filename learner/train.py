@@ -189,11 +189,23 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             prox = orig.prox_logp.to(dev)
         if ent is not None and not cfg.entropy_coef:
             ent = ent.detach()
-        ref = backend.ref_logprobs(mb) if cfg.kl_coef else None
+        ref = ref_of(mb, orig, logp.numel()) if cfg.kl_coef else None
         return policy_loss(LossInputs(
             logp=logp, prox_logp=prox, behav_logp=mb.behav_logp.to(dev), adv=mb.adv.to(dev),
             mask=mb.loss_mask.to(dev), tok_w=mb.tok_w.to(dev), fresh=mb.fresh.to(dev), entropy=ent,
             ref_logp=None if ref is None else ref.to(dev)), cfg)
+
+    # the frozen reference's logprobs of each micro-batch, the same in every epoch: one forward
+    # of the reference per step, not one per epoch
+    refs: dict[int, torch.Tensor] = {}
+
+    def ref_of(mb: MicroBatch, orig: MicroBatch, n: int) -> torch.Tensor | None:
+        got = refs.get(id(orig))
+        if got is None or got.numel() != n:  # (a backend that lays a micro-batch out anew)
+            got = backend.ref_logprobs(mb)
+            if got is not None and cfg.epochs > 1:
+                refs[id(orig)] = got
+        return got
 
     sums: dict[str, float] = defaultdict(float)
     w_max = 0.0

@@ -276,6 +276,30 @@ def test_the_first_update_is_its_own_proximal_pass(small_model_dir, monkeypatch,
         assert m1["update_backtracked"] == 4 and m1["update_kl"] > 0
 
 
+def test_the_reference_runs_once_a_step(small_model_dir) -> None:
+    """With the KL term (learner.kl_coef) and two epochs, the frozen reference's forward runs once
+    per micro-batch of the step, not once per epoch (its logprobs do not change)."""
+    cfg = LearnerConfig(lr=3e-3, minibatches=2, epochs=2, kl_coef=0.1)
+    batch = many_groups_batch(small_model_dir, n_groups=4)
+    backend = TorchBackend(cfg, small_model_dir, ref_model_dir=small_model_dir)
+    seen: list[int] = []
+    inner = backend.ref_logprobs
+
+    def ref_logprobs(mb):
+        seen.append(id(mb))
+        return inner(mb)
+
+    backend.ref_logprobs = ref_logprobs  # type: ignore[method-assign]
+    items, _ = batch_items(batch, cfg)
+    per: list[dict[str, float]] = []
+    m = finish_stats(train_step(backend, items, cfg, per))
+    n_mbs = sum(len(make_microbatches([it for it in items if it.minibatch == k], cfg.max_tokens_per_microbatch))
+                for k in (0, 1))
+    assert len(seen) == len(set(seen)) == n_mbs, (len(seen), n_mbs)
+    # the term is live: the second epoch starts where the first moved the policy from the reference
+    assert len(per) == 4 and per[2]["kl_ref"] > per[0]["kl_ref"] >= 0 and m["kl_ref"] > 0
+
+
 def test_diagnostics_of_a_step(small_model_dir) -> None:
     """Zero-spread groups, mismatch KL against off-policy behaviour logprobs, mean |advantage|."""
     samples = [make_sample("a", i, reward=1.0, seed=i) for i in range(2)]  # all equal: no signal
