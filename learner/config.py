@@ -46,14 +46,20 @@ class LearnerConfig(Section):
         "running mean of the earlier updates' norms (from the 6th update; learner/spike_clip.py): "
         "one spike then cannot fill Adam's second moment and shrink every later update. Unset: off.")
     max_update_kl: float | None = Field(
-        None, gt=0, description="Trust region on each optimizer update: the KL it moved the policy "
-        "on its own minibatch (k3 of KL(proximal || new) on the sampled tokens, weighted as the loss) "
-        "is measured after it, and above this bound the update is scaled back toward the weights "
-        "before it (halved up to max_update_kl_tries times, undone if still above): Adam can move "
-        "the policy far on a gradient of ordinary norm (learner/trust_region.py). Torch backend "
-        "only. Unset: off.")
+        None, gt=0, description="Trust region on each optimizer update: the KL the step has moved "
+        "the policy so far (k3 of KL(proximal || new) on the sampled tokens, weighted as the loss, "
+        "over max_update_kl_scope) is measured after it, and above this bound the update is scaled "
+        "back toward the weights before it (halved up to max_update_kl_tries times, undone if still "
+        "above): Adam can move the policy far on a gradient of ordinary norm "
+        "(learner/trust_region.py). Torch backend only. Unset: off.")
     max_update_kl_tries: int = Field(6, ge=1, description="Halvings of an update before it is undone "
                                      "(learner.max_update_kl).")
+    max_update_kl_scope: Literal["batch", "minibatch"] = Field(
+        "batch", description="Where learner.max_update_kl measures each update: batch = every "
+        "minibatch of the step (one no-grad forward of the batch per update, and the last is the "
+        "step's update_kl); minibatch = the update's own minibatch only (half the forward with 2 "
+        "minibatches, but an update within the bound on its own minibatch can move the others far: "
+        "the records before 2026-11-29 evening ran so).")
     # -- batching -------------------------------------------------------------------------
     max_tokens_per_microbatch: int = Field(
         4096, description="Token budget of one packed micro-batch; gradients accumulate over "
@@ -139,9 +145,9 @@ class LearnerConfig(Section):
     mismatch_kl_steps: int = Field(3, ge=1, description="Consecutive steps above mismatch_kl_bound before the warning.")
     update_kl: bool = Field(
         True, description="Measure the KL the step's updates moved the policy (update_kl: a no-grad "
-        "pass after the last update against the proximal logprobs: one forward of the batch a step, "
-        "less the last minibatch under learner.max_update_kl, whose last measure is already at the "
-        "final parameters).")
+        "pass after the last update against the proximal logprobs: one forward of the batch a step; "
+        "none under learner.max_update_kl, whose last measure is already at the final parameters: "
+        "the whole batch, or with max_update_kl_scope minibatch the last minibatch).")
     rollout_temperature: float = Field(
         1.0, description="Sampling temperature of the actors; the learner's logprobs are of "
         "softmax(logits / T), the distribution the server reports.")

@@ -160,6 +160,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
         raise ValueError(f"nothing to train: {len(items)} samples without a predicted token")
     every_mb = [mb for mbs in mbs_of for mb in mbs]
     trust = cfg.max_update_kl is not None
+    whole = trust and cfg.max_update_kl_scope == "batch"  # the region's KL is the whole batch's
     # the proximal policy's logprobs, before any update moves it: the first update's forward
     # gives them on its own minibatch, where the backend's loss sees each of the rank's
     # micro-batches (not on a pipeline stage before the last); a no-grad pass on the others
@@ -212,7 +213,7 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
     grad_norms: list[float] = []
     spiked = backtracked = 0
     alpha_min = 1.0
-    last_kl: float | None = None  # the trust region's KL on the last update's minibatch, at the final parameters
+    last_kl: float | None = None  # the trust region's last KL (its scope's), at the final parameters
     lr = 0.0
     for _ in range(cfg.epochs):
         for mbs in mbs_of:
@@ -226,8 +227,9 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
             out = backend.step(spikes.threshold() if spikes is not None else None)
             if before is not None:  # learner.max_update_kl: scale the update back into the region
                 assert cfg.max_update_kl is not None
-                alpha, last_kl = constrain(backend, before, mbs, cfg.max_update_kl, cfg.max_update_kl_tries)
-                out["update_kl_minibatch"] = last_kl
+                alpha, last_kl = constrain(backend, before, every_mb if whole else mbs, cfg.max_update_kl,
+                                           cfg.max_update_kl_tries, len(parts) if whole else 1)
+                out["update_kl_region"] = last_kl
                 backtracked += alpha < 1.0
                 alpha_min = min(alpha_min, alpha)
                 del before
@@ -238,7 +240,10 @@ def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig
                 sums[k] += v
             if per_update is not None:
                 per_update.append({**upd, **out})
-    if cfg.update_kl:
+    if cfg.update_kl and whole:  # the region's last measure: the whole batch at the final parameters
+        assert last_kl is not None
+        sums["update_kl"] = last_kl if backend.dp_rank == 0 else 0.0  # (summed over ranks already)
+    elif cfg.update_kl:
         measured = [mb for mbs in (mbs_of[:-1] if last_kl is not None else mbs_of) for mb in mbs]
         sums["update_kl"] = update_kl(backend, measured, len(parts), last_kl)
     for mb in every_mb:

@@ -233,12 +233,13 @@ def _counted(backend: TorchBackend) -> list[int]:
 def test_the_first_update_is_its_own_proximal_pass(small_model_dir, monkeypatch, trust: float | None) -> None:
     """The first update's forward gives its minibatch's proximal logprobs: the same step to 1e-6
     as with a no-grad pass over every minibatch, with that pass one minibatch shorter. With the
-    trust region (a bound of 1e-5 scales every update back) its measure of the last update is
-    the last minibatch's update KL: the pass after the step leaves it out, and the step's
-    update KL is still the one a forward at the final parameters gives."""
+    trust region on each update's own minibatch (a bound of 1e-5 scales every update back) its
+    measure of the last update is the last minibatch's update KL: the pass after the step leaves
+    it out, and the step's update KL is still the one a forward at the final parameters gives."""
     import learner.train as train
 
-    cfg = LearnerConfig(lr=3e-3, minibatches=2, epochs=2, max_update_kl=trust, max_update_kl_tries=10)
+    cfg = LearnerConfig(lr=3e-3, minibatches=2, epochs=2, max_update_kl=trust, max_update_kl_tries=10,
+                        max_update_kl_scope="minibatch")
     batch = many_groups_batch(small_model_dir, n_groups=4)
     after_pass: list[int] = []  # micro-batches the update-KL pass ran over
     inner = train.update_kl
