@@ -25,13 +25,16 @@ TURNS = 40  # an episode outlives every publish below by far
 
 
 async def _long_episodes(registry: ServerRegistry, client_for, n: int, stop: asyncio.Event,
-                         log: list[tuple[int, list[str], list[str]]]) -> None:
+                         log: list[tuple[int, list[str], list[str]]],
+                         live: dict[int, list[str]] | None = None) -> None:
+    """`live`, when given, holds each running episode's versions seen so far, turn by turn."""
     async def episode(w: int) -> None:
         s = None
         while s is None:
             s = await registry.pin(f"long-{w}")
             await asyncio.sleep(0.05)
-        seen, finishes = [], []
+        seen: list[str] = (live if live is not None else {}).setdefault(w, [])
+        finishes: list[str] = []
         try:
             for _ in range(TURNS):
                 if stop.is_set():
@@ -60,7 +63,8 @@ async def test_in_flight_updates_do_not_wait_for_running_episodes(ws_cfg, aredis
 
     stop = asyncio.Event()
     episodes: list[tuple[int, list[str], list[str]]] = []
-    bg = asyncio.create_task(_long_episodes(registry, client_for, 4, stop, episodes))
+    live: dict[int, list[str]] = {}
+    bg = asyncio.create_task(_long_episodes(registry, client_for, 4, stop, episodes, live))
     rolled: dict[int, float] = {}
     history = []
     try:
@@ -87,6 +91,10 @@ async def test_in_flight_updates_do_not_wait_for_running_episodes(ws_cfg, aredis
         assert {await server_checksum(s.url) for s in srvs} == {expected_checksum(t2)}
         history += pub.coordinator.history()
         assert not bg.done(), "the episodes ended before the versions rolled: nothing was shown"
+        # a turn after the roll, however slow a loaded machine makes each turn (a CI run beside
+        # other work stopped the episodes before any had generated again)
+        await wait_for(lambda: any(len(set(v)) > 1 for v in live.values()), 60,
+                       "a running episode's turn at the new version")
     finally:
         stop.set()
         await asyncio.gather(bg, return_exceptions=True)
