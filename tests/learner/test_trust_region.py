@@ -55,9 +55,9 @@ def test_an_update_that_cannot_be_brought_within_is_undone(small_model_dir) -> N
 
 
 def test_the_batch_scope_bounds_what_the_step_moved_every_minibatch(small_model_dir) -> None:
-    """Measured on its own minibatch, each update is within the bound, and the step can still end
-    far past it over the batch (the updates move each other's minibatches); measured over the
-    batch, the step's update KL (the batch at the final parameters) is within the bound."""
+    """Measured on its own minibatch, each update is scaled back there (or undone), and the step
+    can still end far past the bound over the batch (the updates move each other's minibatches);
+    measured over the batch, the step's update KL (the batch at the final parameters) is within it."""
     _, free, _ = _step(small_model_dir, 1e9, epochs=2)
     bound = free["update_kl"] / 8
     _, own, _ = _step(small_model_dir, bound, scope="minibatch", epochs=2)
