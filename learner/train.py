@@ -21,10 +21,10 @@ from learner.advantages import grpo_steps, shuffle_episode_rewards
 from learner.assembly import Batch
 from learner.backends.base import LossFn, TrainBackend
 from learner.config import LearnerConfig
-from learner.losses import LossInputs, kl_k3, policy_loss, token_weights
+from learner.losses import LossInputs, policy_loss, token_weights
 from learner.packing import MicroBatch, TrainItem, make_microbatches, slot_positions
 from learner.spike_clip import SpikeClip
-from learner.trust_region import constrain
+from learner.trust_region import constrain, kl_sum
 
 # statistics of a step that are means over its optimizer updates: each update's per-token
 # statistics are weighted sums adding up to a mean over its minibatch (over all ranks)
@@ -134,12 +134,7 @@ def update_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int, 
     the last minibatch's, already measured at the final parameters and summed over the ranks
     (the trust region's), in place of a pass over it (`mbs` are then the other minibatches')."""
     total = known / n_minibatches if known is not None and backend.dp_rank == 0 else 0.0
-    for mb in mbs:
-        assert mb.prox_logp is not None
-        with torch.no_grad():
-            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
-        total += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum()) / n_minibatches
-    return total
+    return total + kl_sum(backend, mbs) / n_minibatches
 
 
 def train_step(backend: TrainBackend, items: list[TrainItem], cfg: LearnerConfig,

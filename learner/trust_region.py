@@ -39,17 +39,23 @@ from learner.losses import kl_k3
 from learner.packing import MicroBatch
 
 
+def kl_sum(backend: TrainBackend, mbs: list[MicroBatch]) -> float:
+    """This rank's KL(proximal || current) on the sampled tokens of `mbs`, weighted as the loss is
+    (summed over the micro-batches: each minibatch's weights add up to 1 over the ranks)."""
+    total = 0.0
+    for mb in mbs:
+        assert mb.prox_logp is not None, "the proximal pass must run before the policy's KL to it"
+        with torch.no_grad():
+            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
+        total += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum())
+    return total
+
+
 def region_kl(backend: TrainBackend, mbs: list[MicroBatch], n_minibatches: int = 1) -> float:
     """KL(proximal || current) on the sampled tokens of `mbs` (micro-batches of `n_minibatches`
     minibatches), weighted as the loss is, a mean over those minibatches, over every
     data-parallel rank."""
-    total = 0.0
-    for mb in mbs:
-        assert mb.prox_logp is not None, "the proximal pass must run before a trust-region update"
-        with torch.no_grad():
-            lp = backend.logprobs(mb, grad=False, with_entropy=False)[0].detach().float().cpu()
-        total += float((kl_k3(mb.prox_logp, lp) * mb.tok_w * mb.loss_mask).sum())
-    return backend.dp_sum(total / n_minibatches)
+    return backend.dp_sum(kl_sum(backend, mbs) / n_minibatches)
 
 
 def constrain(backend: TrainBackend, before: list[torch.Tensor], mbs: list[MicroBatch],
