@@ -10,9 +10,9 @@ demo: setup
 	.venv/bin/swarl demo $(ARGS)
 
 # does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run,
-# 40 learner steps an arm from the warm start with reading demonstrations (benchmarks/demo_learning.py DESIGN);
-# writes benchmarks/demo_learning.{json,png} and docs/demo.md's "Measured" section. ~54 min a seed on 2 idle
-# cores at ~33 s a step (docs/demo.md "Reading shown elsewhere"); ARGS="--seeds 0,1" to shorten,
+# 18 learner steps an arm (2 passes over each batch) from the warm start with reading demonstrations
+# (benchmarks/demo_learning.py DESIGN); writes benchmarks/demo_learning.{json,png} and docs/demo.md's
+# "Measured" section. ~35 min a seed on 2 cores (docs/demo.md "Measured"); ARGS="--seeds 0,1" to shorten,
 # ARGS="--from-run runs/X" to record seeds already run
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)

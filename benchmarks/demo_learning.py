@@ -9,7 +9,7 @@ judged by are fixed in docs/demo.md ("Goals") and swarl/demo/report.py (GOALS).
     .venv/bin/python benchmarks/demo_learning.py                 # seeds 0-4, the proof's design (DESIGN)
     .venv/bin/python benchmarks/demo_learning.py --seeds 0,1 --steps 30 -- --set learner.lr=4e-4
     .venv/bin/python benchmarks/demo_learning.py --report-only   # re-render from demo_learning.json
-    .venv/bin/python benchmarks/demo_learning.py --from-run runs/X --steps 40 --minutes 45
+    .venv/bin/python benchmarks/demo_learning.py --from-run runs/X --steps 18 --minutes 30
         # record a finished `swarl demo --seeds ... --run-dir runs/X` run with DESIGN (arguments
         # after -- that it ran with besides, for the record; every arm's config must agree with
         # the --set values, else it refuses)
@@ -39,12 +39,14 @@ from swarl.demo.report import ARMS, SPLIT_NAMES, aggregate, curves, markdown, pl
 
 # The proof's design: one warm start for every seed, with reading shown on families RL never meets
 # (docs/demo.md "Reading shown elsewhere": the 3,200 reading demonstrations, picked by a pilot on
-# seed 10, which the proof does not use); 2 updates of 16 episodes a step, the gradient-spike clip and
-# the per-update trust region ("The trust region on seed 0"); 40 steps an arm (--steps' default).
-# The hand-written suite has no goal: not evaluated. `swarl demo`'s defaults (configs/demo.yaml and
-# its options) are this design at 18 steps (tests/ops/test_demo_learning_record.py checks it).
+# seed 10, which the proof does not use); 2 passes over each batch of 32 episodes, 2 updates of 16 a
+# pass, the gradient-spike clip and the trust region over the whole batch ("The trust region on seed
+# 0", "Two epochs, half the steps"); 18 steps an arm (--steps' default). The hand-written suite has
+# no goal: not evaluated. `swarl demo`'s defaults (configs/demo.yaml and its options) are this design
+# (tests/ops/test_demo_learning_record.py checks it).
 DESIGN = ("--warm-seed", "0", "--reading-demos", "3200", "--no-handwritten", "--set", "admission.batch_size=32",
-          "--set", "learner.minibatches=2", "--set", "learner.spike_clip=3", "--set", "learner.max_update_kl=0.01")
+          "--set", "learner.minibatches=2", "--set", "learner.epochs=2", "--set", "learner.spike_clip=3",
+          "--set", "learner.max_update_kl=0.01", "--set", "learner.max_update_kl_scope=batch")
 OUT_JSON = ROOT / "benchmarks" / "demo_learning.json"
 OUT_PNG = ROOT / "benchmarks" / "demo_learning.png"
 DOC = ROOT / "docs" / "demo.md"
@@ -179,9 +181,9 @@ def run(seeds: str, minutes: float | None, steps: int, train_pool: int | None, e
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--steps", type=int, default=40, help="learner steps per run (equal compute in every arm; "
-                    "an RL arm's 40 take 20-25 min on 2 idle cores; 0: --minutes alone)")
-    ap.add_argument("--minutes", type=float, default=45.0, help="training minutes per run, at most (a bound: "
+    ap.add_argument("--steps", type=int, default=18, help="learner steps per run (equal compute in every arm; "
+                    "an RL arm's 18 take 12-15 min on 2 idle cores; 0: --minutes alone)")
+    ap.add_argument("--minutes", type=float, default=30.0, help="training minutes per run, at most (a bound: "
                     "--steps is the compute)")
     ap.add_argument("--train-pool", type=int, default=None, help="RL's train pool: fresh instances "
                     "(default: the demo's, swarl.demo.run.TRAIN_POOL); 0: the fixed train split (96)")
