@@ -12,7 +12,7 @@ demo: setup
 # does the demo learn to read? per seed (0-4) the RL run with its SFT control and the shuffled-reward run,
 # 18 learner steps an arm (2 passes over each batch) from the warm start with reading demonstrations
 # (benchmarks/demo_learning.py DESIGN); writes benchmarks/demo_learning.{json,png} and docs/demo.md's
-# "Measured" section. ~35 min a seed on 2 cores (docs/demo.md "Measured"); ARGS="--seeds 0,1" to shorten,
+# "Measured" section. ~35 min a seed on 2 cores (docs/demo.md "The design since 8459ac9"); ARGS="--seeds 0,1" to shorten,
 # ARGS="--from-run runs/X" to record seeds already run
 demo-learning: setup
 	.venv/bin/python benchmarks/demo_learning.py $(ARGS)
